@@ -1,0 +1,49 @@
+# Two entry points, each installing what it needs:  `make demo`  and  `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint dashboard browser install bench bench-smoke clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Editable install of gradmon with the demo and test extras; redone when pyproject.toml changes.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $@
+
+install: $(STAMP)
+
+# The page's third-party code (ECharts) comes from the npm registry via the lockfile and is built
+# into gradmon/static/, which the server serves. Nothing is loaded from a CDN.
+gradmon/static/index.html: dashboard/package-lock.json $(wildcard dashboard/src/*) dashboard/build.mjs
+	cd dashboard && npm ci --no-audit --no-fund && npm run build
+
+dashboard: gradmon/static/index.html
+
+# Debian's Chromium for the browser tests; never a browser downloaded by a test tool.
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+
+demo: $(STAMP) dashboard
+	$(BIN)/python examples/demo.py --logdir logs --serve
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP) dashboard browser
+	$(BIN)/ruff check .
+	cd dashboard && npm test
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP) dashboard browser
+	$(BIN)/python -m benchmarks.run --device CPU
+
+bench-smoke: $(STAMP)
+	$(BIN)/python -m benchmarks.run --smoke
+
+clean:
+	rm -rf $(VENV) gradmon/static dashboard/node_modules

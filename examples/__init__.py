@@ -1,0 +1,1 @@
+"""Small models and data shared by the demo, the tests and the benchmarks."""

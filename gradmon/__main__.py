@@ -1,0 +1,5 @@
+"""``python -m gradmon ...`` is the same as the ``gradmon`` console script."""
+
+from gradmon.cli import main
+
+raise SystemExit(main())

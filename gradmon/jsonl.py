@@ -1,0 +1,131 @@
+"""Strict JSON Lines encoding and decoding of run-log records (see docs/format.md).
+
+Pure functions, no I/O: the writer, the reader, the server and the tests share them.
+
+Python's :func:`json.dumps` writes ``NaN`` and ``Infinity`` as bare tokens, which RFC 8259 does
+not allow and which make a browser's ``JSON.parse`` throw. Here non-finite floats become the
+strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, and decoding turns them back into floats.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "NONFINITE_STRINGS",
+    "RecordError",
+    "decode_line",
+    "encode_record",
+    "to_jsonable",
+    "validate_record",
+]
+
+NONFINITE_STRINGS: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+# Keys whose values are text by definition: a "NaN" there is the word, not a number.
+_TEXT_KEYS = frozenset(
+    {"type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit"}
+)
+
+# Known fields and the JSON types they must have when present (bool is not a number here).
+_INT_FIELDS = ("step", "epoch", "pid", "world_size", "rank", "schema", "steps")
+_NUMBER_FIELDS = ("ts", "start_time")
+
+
+class RecordError(ValueError):
+    """A line that is not a valid run-log record."""
+
+
+def _nonfinite_name(x: float) -> str:
+    if math.isnan(x):
+        return "NaN"
+    return "Infinity" if x > 0 else "-Infinity"
+
+
+def to_jsonable(value: Any) -> Any:
+    """Return ``value`` as plain JSON data: non-finite floats as strings, numpy scalars and arrays
+    as Python numbers and lists, tuples as lists, other objects as their ``str``."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else _nonfinite_name(value)
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in value]
+    # numpy (and MindSpore, via asnumpy) values without importing numpy here.
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return to_jsonable(tolist())
+    item = getattr(value, "item", None)
+    if callable(item):
+        return to_jsonable(item())
+    return str(value)
+
+
+def encode_record(record: Mapping[str, Any]) -> str:
+    """Encode one record as a strict JSON line, newline included.
+
+    The result never contains a bare ``NaN``/``Infinity`` token nor a raw newline, so one
+    ``write()`` of it is one complete line.
+    """
+    return json.dumps(to_jsonable(record), ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n"
+
+
+def _reject_constant(token: str) -> Any:
+    raise RecordError(f"non-standard JSON token {token}")
+
+
+def _decode_nonfinite(value: Any) -> Any:
+    if isinstance(value, str):
+        return NONFINITE_STRINGS.get(value, value)
+    if isinstance(value, dict):
+        return {k: (v if k in _TEXT_KEYS else _decode_nonfinite(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode_nonfinite(v) for v in value]
+    return value
+
+
+def validate_record(record: Any) -> dict[str, Any]:
+    """Check the fields every reader relies on; return the record or raise :class:`RecordError`."""
+    if not isinstance(record, dict):
+        raise RecordError(f"a record is a JSON object, got {type(record).__name__}")
+    kind = record.get("type")
+    if not isinstance(kind, str) or not kind:
+        raise RecordError("record has no string 'type'")
+    for key in _INT_FIELDS:
+        v = record.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise RecordError(f"field {key!r} must be an integer, got {v!r:.40}")
+    for key in _NUMBER_FIELDS:
+        v = record.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise RecordError(f"field {key!r} must be a number, got {v!r:.40}")
+    if kind == "step" and not isinstance(record.get("step"), int):
+        raise RecordError("a step record needs an integer 'step'")
+    return record
+
+
+def decode_line(line: str | bytes) -> dict[str, Any]:
+    """Decode and validate one line (with or without its newline).
+
+    Raises :class:`RecordError` for anything that is not a valid record: not UTF-8, not strict
+    JSON (bare ``NaN`` included), not an object, or known fields of the wrong type.
+    """
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RecordError(f"not UTF-8: {exc}") from None
+    try:
+        raw = json.loads(line, parse_constant=_reject_constant)
+    except RecordError:
+        raise
+    except ValueError as exc:
+        raise RecordError(f"not JSON: {exc}") from None
+    return validate_record(_decode_nonfinite(raw))
