@@ -1,0 +1,149 @@
+"""Parsing a training step's outputs (``cb_params.net_outputs``) into loss, norm and flags.
+
+Pure host logic, no MindSpore import: a MindSpore ``Tensor`` is read through its ``asnumpy()``.
+Each tensor is read once, so calling :func:`parse_step_outputs` is the one device sync of a log
+step for a plain train cell.
+
+Recognised shapes (``loss`` always first):
+
+- a scalar: a Tensor, numpy array or Python number (a multi-element loss is averaged);
+- a tuple or list ``(loss, ...)``. After the loss, a **boolean** element is the loss-scale
+  overflow flag and a number after it is the loss scale (MindSpore's
+  ``TrainOneStepWithLossScaleCell`` returns ``(loss, overflow, scale)``); a number before any
+  flag is the gradient norm (``(loss, grad_norm)``, gradmon's ``MonitoredTrainStep``). Anything
+  else is ignored;
+- a mapping with ``loss``, ``grad_norm``, ``overflow``, ``loss_scale``; other scalar entries
+  become user metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["StepOutputs", "parse_step_outputs", "to_float", "to_host"]
+
+
+@dataclass
+class StepOutputs:
+    """What a step's outputs said. ``None`` = not reported."""
+
+    loss: float | None = None
+    grad_norm: float | None = None
+    overflow: bool | None = None
+    loss_scale: float | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def nonfinite(self) -> bool:
+        """Loss or norm is NaN/inf."""
+        return any(v is not None and not math.isfinite(v) for v in (self.loss, self.grad_norm))
+
+
+def to_host(value: Any) -> Any:
+    """A device tensor as a numpy array (one device→host copy); anything else unchanged."""
+    asnumpy = getattr(value, "asnumpy", None)
+    if callable(asnumpy):
+        return asnumpy()
+    return value
+
+
+def _is_bool(value: Any) -> bool:
+    """Whether ``value`` is a boolean flag: Python bool, numpy bool, or a bool-typed tensor/array."""
+    if isinstance(value, bool):
+        return True
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        return False
+    # numpy dtype has .kind; MindSpore dtype prints as "Bool".
+    kind = getattr(dtype, "kind", None)
+    if kind is not None:
+        return kind == "b"
+    return str(dtype).lower() in ("bool", "bool_")
+
+
+def to_float(value: Any) -> float | None:
+    """A host value (number, numpy scalar/array) as one float; multi-element arrays are averaged,
+    booleans become 0.0/1.0; ``None`` for what is not numeric or is empty."""
+    value = to_host(value)
+    if value is None or isinstance(value, str):
+        return None
+    if isinstance(value, (bool, int, float)):
+        return float(value)
+    size = getattr(value, "size", None)
+    if size is not None:
+        if size == 0:
+            return None
+        try:
+            if size == 1:
+                return float(value.reshape(-1)[0])
+            return float(value.astype("float64").mean())
+        except (TypeError, ValueError, AttributeError):
+            return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _to_bool(value: Any) -> bool | None:
+    value = to_host(value)
+    try:
+        any_ = getattr(value, "any", None)
+        return bool(any_()) if callable(any_) else bool(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_step_outputs(outputs: Any) -> StepOutputs:
+    """Parse ``cb_params.net_outputs`` of any shape listed in the module docstring."""
+    if outputs is None:
+        return StepOutputs()
+    if isinstance(outputs, Mapping):
+        return _parse_mapping(outputs)
+    if isinstance(outputs, (tuple, list)):
+        return _parse_sequence(outputs)
+    return StepOutputs(loss=to_float(outputs))
+
+
+def _parse_sequence(outputs: tuple[Any, ...] | list[Any]) -> StepOutputs:
+    if not outputs:
+        return StepOutputs()
+    first = outputs[0]
+    # A network with several outputs nested as the first element: its first one is the loss.
+    result = _parse_sequence(first) if isinstance(first, (tuple, list)) else StepOutputs(loss=to_float(first))
+    seen_flag = False
+    for item in outputs[1:]:
+        if _is_bool(item):
+            if not seen_flag:
+                result.overflow = _to_bool(item)
+                seen_flag = True
+            continue
+        number = to_float(item)
+        if number is None:
+            continue
+        if not seen_flag and result.grad_norm is None:
+            result.grad_norm = number
+        elif seen_flag and result.loss_scale is None:
+            result.loss_scale = number
+    return result
+
+
+def _parse_mapping(outputs: Mapping[str, Any]) -> StepOutputs:
+    result = StepOutputs()
+    for key, value in outputs.items():
+        if key == "loss":
+            result.loss = to_float(value)
+        elif key == "grad_norm":
+            result.grad_norm = to_float(value)
+        elif key == "overflow":
+            result.overflow = _to_bool(value)
+        elif key == "loss_scale":
+            result.loss_scale = to_float(value)
+        else:
+            number = to_float(value)
+            if number is not None:
+                result.extra[str(key)] = number
+    return result

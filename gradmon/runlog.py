@@ -1,0 +1,359 @@
+"""Writing and reading run logs (``metrics.jsonl``, see docs/format.md).
+
+:class:`RunLogWriter` appends strict JSON lines, one ``write()`` per complete line, straight to the
+file descriptor (no user-space buffer, so a tailing reader sees a line as soon as it is written).
+An I/O failure never raises into training: the writer warns once, counts the dropped records and
+reopens the file later with exponential backoff.
+
+:func:`read_records` yields the valid records of a log, never a trailing partial line, and counts
+what it skips in a :class:`ReadStats`.
+
+No MindSpore import here: the server uses this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Union
+
+from gradmon.jsonl import RecordError, decode_line, encode_record
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "SCHEMA_VERSION",
+    "ReadStats",
+    "RunLogWriter",
+    "header_record",
+    "read_records",
+]
+
+SCHEMA_VERSION = 1
+# Longest line a reader accepts; the writer refuses to write longer ones (they would be skipped).
+MAX_LINE_BYTES = 1 << 20
+
+_log = logging.getLogger("gradmon.runlog")
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def header_record(**fields: Any) -> dict[str, Any]:
+    """A ``header`` record with the fields every header has (schema, run id, start time, host,
+    pid, Python version), overridden or extended by ``fields``."""
+    from gradmon import __version__
+
+    record: dict[str, Any] = {
+        "type": "header",
+        "schema": SCHEMA_VERSION,
+        "run_id": uuid.uuid4().hex,
+        "start_time": time.time(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "versions": {"gradmon": __version__, "python": sys.version.split()[0]},
+    }
+    record.update(fields)
+    return record
+
+
+class RunLogWriter:
+    """Append-only, thread-safe writer of one run log.
+
+    ``header``: when given, a ``header`` record (see :func:`header_record`) with these fields is
+    written on open. :meth:`close` writes the ``end`` record.
+
+    Failure handling: any ``OSError`` (disk full, permission denied, directory removed, ...) is
+    caught. The first one emits a :class:`RuntimeWarning` (and a log message); the record is
+    dropped and counted in :attr:`dropped_records`; the file is reopened at the next write after
+    a backoff of ``retry_initial`` seconds, doubling up to ``retry_max``. Records written while
+    waiting are dropped and counted too. After a recovery an ``event`` record of kind
+    ``io_error`` tells readers how many records are missing. If the log file is deleted or
+    replaced while open, the writer notices within ``check_interval`` seconds and recreates it
+    (its directory included).
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        header: Mapping[str, Any] | None = None,
+        retry_initial: float = 1.0,
+        retry_max: float = 30.0,
+        check_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = os.fspath(path)
+        self._retry_initial = retry_initial
+        self._retry_max = retry_max
+        self._check_interval = check_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._inode: tuple[int, int] | None = None
+        self._next_check = 0.0
+        self._retry_at = 0.0
+        self._backoff = retry_initial
+        self._failing = False
+        self._warned = False
+        self._dropped = 0
+        self._dropped_since_recovery = 0
+        self._written = 0
+        self._closed = False
+        with self._lock:
+            self._open()
+        if header is not None:
+            self.write(header_record(**header))
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def dropped_records(self) -> int:
+        """Records that could not be written (I/O errors, or refused as too long)."""
+        return self._dropped
+
+    @property
+    def written_records(self) -> int:
+        """Records written successfully."""
+        return self._written
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def write(self, record: Mapping[str, Any]) -> bool:
+        """Append one record as one line. Returns whether it reached the file; never raises for
+        I/O errors (a record that cannot be JSON-encoded raises ``ValueError``/``TypeError``)."""
+        line = encode_record(record).encode("utf-8")
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"write to a closed run log {self.path}")
+            if len(line) > MAX_LINE_BYTES:
+                self._dropped += 1
+                self._warn(f"record of {len(line)} bytes exceeds the {MAX_LINE_BYTES}-byte line limit; "
+                           "dropped")
+                return False
+            return self._write_line(line)
+
+    def close(self, status: str | None = "finished", **fields: Any) -> None:
+        """Write the ``end`` record (unless ``status`` is None) and close the file. Idempotent."""
+        if self._closed:
+            return
+        if status is not None:
+            end = {"type": "end", "ts": time.time(), "status": status, **fields}
+            # dropped_records counts this very record too if it cannot be written: read it last.
+            with self._lock:
+                end["dropped_records"] = self._dropped
+                self._write_line(encode_record(end).encode("utf-8"))
+        with self._lock:
+            self._closed = True
+            self._close_fd()
+
+    def __enter__(self) -> RunLogWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close("finished" if exc_type is None else "failed")
+
+    # -- internals (called with the lock held) -----------------------------------------------
+
+    def _open(self) -> bool:
+        try:
+            directory = os.path.dirname(self.path)
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+            fd = os.open(self.path, flags, 0o644)
+            st = os.fstat(fd)
+        except OSError as exc:
+            self._fail(exc, "open")
+            return False
+        self._fd = fd
+        self._inode = (st.st_dev, st.st_ino)
+        self._next_check = self._clock() + self._check_interval
+        return True
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+    def _file_replaced(self) -> bool:
+        """Whether the path no longer names the open file (deleted, or its directory removed)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != self._inode
+
+    def _write_line(self, line: bytes) -> bool:
+        now = self._clock()
+        if self._fd is None:
+            if now < self._retry_at or not self._open():
+                self._dropped += 1
+                self._dropped_since_recovery += 1
+                return False
+        elif now >= self._next_check:
+            self._next_check = now + self._check_interval
+            if self._file_replaced():
+                self._close_fd()
+                if not self._open():
+                    self._dropped += 1
+                    self._dropped_since_recovery += 1
+                    return False
+        if self._failing and not self._report_recovery():
+            self._dropped += 1
+            self._dropped_since_recovery += 1
+            return False
+        if not self._write_all(line):
+            self._dropped += 1
+            self._dropped_since_recovery += 1
+            return False
+        self._written += 1
+        return True
+
+    def _write_all(self, data: bytes) -> bool:
+        assert self._fd is not None
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        except OSError as exc:
+            self._fail(exc, "write")
+            return False
+        return True
+
+    def _report_recovery(self) -> bool:
+        """First successful reopen after failures: tell readers (and the user) what was lost."""
+        missing = self._dropped_since_recovery
+        event = {
+            "type": "event",
+            "kind": "io_error",
+            "ts": time.time(),
+            "dropped": missing,
+            "message": f"run log was not writable; {missing} records dropped",
+        }
+        if not self._write_all(encode_record(event).encode("utf-8")):
+            return False
+        _log.warning("gradmon: run log %s writable again after dropping %d records", self.path, missing)
+        self._failing = False
+        self._backoff = self._retry_initial
+        self._dropped_since_recovery = 0
+        self._written += 1
+        return True
+
+    def _fail(self, exc: OSError, action: str) -> None:
+        self._close_fd()
+        self._failing = True
+        self._retry_at = self._clock() + self._backoff
+        self._backoff = min(self._backoff * 2, self._retry_max)
+        self._warn(f"cannot {action} run log {self.path}: {exc}; dropping records and retrying")
+
+    def _warn(self, message: str) -> None:
+        if self._warned:
+            _log.debug("gradmon: %s", message)
+            return
+        self._warned = True
+        _log.warning("gradmon: %s", message)
+        warnings.warn(f"gradmon: {message}", RuntimeWarning, stacklevel=4)
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ReadStats:
+    """What :func:`read_records` saw.
+
+    ``lines``: complete lines (each ended by ``\\n``); ``records``: valid records yielded;
+    ``malformed``: complete lines skipped (not JSON, bare NaN, no ``type``, wrong field types,
+    longer than the line limit, blank); ``partial_tail_bytes``: bytes after the last ``\\n``
+    (a line still being written, not taken); ``consumed_bytes``: bytes up to and including the
+    last ``\\n`` — where to resume reading once more data has arrived.
+    """
+
+    lines: int = 0
+    records: int = 0
+    malformed: int = 0
+    partial_tail_bytes: int = 0
+    consumed_bytes: int = 0
+
+
+def read_records(
+    source: PathLike | IO[bytes],
+    *,
+    stats: ReadStats | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    chunk_size: int = 1 << 16,
+) -> Iterator[dict[str, Any]]:
+    """Yield the valid records of a run log, in order.
+
+    ``source``: a path, or a binary file object read from its current position to its end.
+    Complete lines only: bytes after the last ``\\n`` are a partial line and are not taken
+    (counted in ``stats.partial_tail_bytes``). Lines that are not valid records are skipped and
+    counted; a line longer than ``max_line_bytes`` is skipped without being held in memory.
+    Non-finite values written as ``"NaN"``/``"Infinity"``/``"-Infinity"`` come back as floats.
+    Never raises for bad content (only for an unreadable path).
+    """
+    st = stats if stats is not None else ReadStats()
+    if isinstance(source, (str, bytes, os.PathLike)):
+        with open(source, "rb") as f:
+            yield from _read_stream(f, st, max_line_bytes, chunk_size)
+    else:
+        yield from _read_stream(source, st, max_line_bytes, chunk_size)
+
+
+def _read_stream(
+    f: IO[bytes], st: ReadStats, max_line_bytes: int, chunk_size: int
+) -> Iterator[dict[str, Any]]:
+    if isinstance(f, io.TextIOBase):
+        raise TypeError("read_records needs a binary file (open(path, 'rb'))")
+    pending = bytearray()  # start of the current line, at most max_line_bytes long
+    oversized = False  # the current line already exceeded the limit: drop until its newline
+    tail_bytes = 0  # length of the current (unterminated) line, oversized part included
+    while True:
+        chunk = f.read(chunk_size)
+        if not chunk:
+            break
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            piece = chunk[start:] if nl < 0 else chunk[start:nl]
+            tail_bytes += len(piece)
+            if not oversized:
+                if len(pending) + len(piece) > max_line_bytes:
+                    oversized = True
+                    pending.clear()
+                else:
+                    pending += piece
+            if nl < 0:
+                break
+            # A complete line.
+            st.lines += 1
+            st.consumed_bytes += tail_bytes + 1
+            tail_bytes = 0
+            start = nl + 1
+            if oversized:
+                st.malformed += 1
+                oversized = False
+                continue
+            try:
+                record = decode_line(bytes(pending))
+            except RecordError:
+                st.malformed += 1
+            else:
+                st.records += 1
+                yield record
+            finally:
+                pending.clear()
+    st.partial_tail_bytes = tail_bytes
