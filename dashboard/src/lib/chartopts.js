@@ -1,0 +1,200 @@
+/* Which charts to draw and the ECharts series for one chart: pure functions of the run data. */
+(function (root, factory) {
+  "use strict";
+  const isNode = typeof module !== "undefined" && module.exports;
+  const deps = isNode ? Object.assign({}, require("./smoothing.js")) : root.GradmonLib;
+  const api = factory(deps);
+  if (isNode) module.exports = api;
+  else Object.assign((root.GradmonLib = root.GradmonLib || {}), api);
+})(typeof self !== "undefined" ? self : this, function (lib) {
+  "use strict";
+
+  const MARK_COLOR = "#d62728";
+  // Charts in this order first; every other numeric field gets its own chart after them.
+  const KNOWN = [
+    { id: "loss", title: "Loss", fields: ["loss", "eval/loss"] },
+    { id: "grad_norm", title: "Gradient norm", fields: ["grad_norm"], logToggle: true, spikes: true },
+    { id: "lr", title: "Learning rate", fields: ["lr"] },
+    { id: "throughput", title: "Throughput (samples/s)", fields: ["throughput"] },
+    { id: "steps_per_sec", title: "Steps per second", fields: ["steps_per_sec"] },
+    { id: "step_time", title: "Step time (s)", fields: ["step_time"] },
+    { id: "data_time", title: "Data time (s)", fields: ["data_time"] },
+  ];
+
+  /** Ordered chart panels for the union of fields present: [{id, title, fields, logToggle, spikes}]. */
+  function panelsFor(fields) {
+    const present = new Set(fields);
+    const used = new Set();
+    const panels = [];
+    for (const p of KNOWN) {
+      const fs = p.fields.filter((f) => present.has(f));
+      if (!fs.length) continue;
+      fs.forEach((f) => used.add(f));
+      panels.push(Object.assign({}, p, { fields: p.fields }));
+    }
+    const rank = (f) => (f.startsWith("eval/") ? 1 : f.startsWith("system/") ? 2 : 0);
+    const rest = fields.filter((f) => !used.has(f)).sort((a, b) => rank(a) - rank(b) || (a < b ? -1 : a > b ? 1 : 0));
+    for (const f of Array.from(new Set(rest))) panels.push({ id: f, title: f, fields: [f] });
+    return panels;
+  }
+
+  function formatValue(v) {
+    if (typeof v !== "number") return v === undefined || v === null ? "—" : String(v);
+    if (Number.isNaN(v)) return "NaN";
+    if (v === Infinity) return "Infinity";
+    if (v === -Infinity) return "-Infinity";
+    if (Number.isInteger(v) && Math.abs(v) < 1e15) return String(v);
+    const a = Math.abs(v);
+    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(3);
+    return String(Number(v.toPrecision(5)));
+  }
+
+  /**
+   * x coordinate of a step for the axis mode: "step" (the step), "wall" (epoch ms, for a time axis)
+   * or "relative" (seconds since the run started). NaN when the run has no wall times.
+   */
+  function xOf(run, step, mode) {
+    if (mode === "wall") return run.tsAt(step) * 1000;
+    if (mode === "relative") return run.tsAt(step) - run.startTime;
+    return step;
+  }
+
+  function usable(v, log) {
+    return typeof v === "number" && Number.isFinite(v) && (!log || v > 0);
+  }
+
+  /**
+   * The ECharts series of one chart panel for the given runs.
+   *
+   * entries: [{run: RunData, color}]; settings: {xMode, smoothing (EMA weight in [0,1)), log}.
+   * Each data item is [x, y, step]. Non-finite values become a gap-free line (connectNulls) plus a
+   * red triangle marker at the last finite value before them (pointing down for -Infinity); spikes
+   * (grad-norm chart) become red rings at their value; the clip threshold `max_norm` a dashed line.
+   */
+  function buildSeries(panel, entries, settings) {
+    const mode = settings.xMode || "step";
+    const log = !!(panel.logToggle && settings.log);
+    const alpha = settings.smoothing || 0;
+    const series = [];
+    let markerPoints = 0;
+    for (const { run, color } of entries) {
+      for (const field of panel.fields) {
+        const v = run.view(field);
+        if (!v.steps.length) continue;
+        const isEval = field.startsWith("eval/");
+        const xs = v.steps.map((s) => xOf(run, s, mode));
+        const raw = [];
+        const markers = [];
+        let lastFinite = null;
+        let pendingFirst = []; // non-finite before any finite value: anchor at the first finite later
+        for (let i = 0; i < v.steps.length; i++) {
+          const x = xs[i];
+          if (!Number.isFinite(x)) continue;
+          const y = v.values[i];
+          if (usable(y, log)) {
+            raw.push([x, y, v.steps[i]]);
+            if (lastFinite === null) pendingFirst.forEach((m) => (m.value[1] = y));
+            lastFinite = y;
+          } else {
+            raw.push([x, null, v.steps[i]]);
+            if (typeof y === "number" && !Number.isFinite(y)) {
+              const m = {
+                value: [x, lastFinite === null ? (log ? 1 : 0) : lastFinite, v.steps[i]],
+                nonfinite: formatValue(y),
+                field,
+                symbolRotate: y === -Infinity ? 180 : 0,
+              };
+              if (lastFinite === null) pendingFirst.push(m);
+              markers.push(m);
+            }
+          }
+        }
+        const label = isEval ? run.name + " · " + field : run.name;
+        const smooth = alpha > 0 && !isEval;
+        series.push({
+          id: run.name + "|" + field + "|raw",
+          name: label,
+          type: "line",
+          data: raw,
+          color,
+          showSymbol: isEval,
+          symbolSize: isEval ? 5 : 4,
+          connectNulls: true,
+          lineStyle: { width: smooth ? 1 : 1.5, opacity: smooth ? 0.25 : 1, type: isEval ? "dashed" : "solid" },
+          itemStyle: { opacity: smooth ? 0.25 : 1 },
+          emphasis: { disabled: true },
+          z: 2,
+          markLine: panel.spikes && run.maxNorm !== null && field === "grad_norm" ? thresholdLine(run.maxNorm, color) : undefined,
+        });
+        if (smooth) {
+          const sm = lib.emaDebiased(raw.map((p) => (p[1] === null ? NaN : p[1])), alpha);
+          series.push({
+            id: run.name + "|" + field + "|smooth",
+            name: label + " (smoothed)",
+            type: "line",
+            data: raw.map((p, i) => [p[0], Number.isFinite(sm[i]) ? sm[i] : null, p[2]]),
+            color,
+            showSymbol: false,
+            connectNulls: true,
+            lineStyle: { width: 2 },
+            emphasis: { disabled: true },
+            z: 3,
+          });
+        }
+        if (markers.length) {
+          markerPoints += markers.length;
+          series.push({
+            id: run.name + "|" + field + "|nonfinite",
+            name: label + " non-finite",
+            type: "scatter",
+            data: markers,
+            symbol: "triangle",
+            symbolSize: 13,
+            itemStyle: { color: MARK_COLOR, borderColor: "#fff", borderWidth: 1 },
+            z: 10,
+            gradmonRole: "nonfinite",
+          });
+        }
+      }
+      if (panel.spikes) {
+        const spikes = [];
+        for (const m of run.marksOf("spike")) {
+          let y = m.value;
+          if (!usable(y, log)) {
+            const at = run.valueAt("grad_norm", m.step);
+            y = at ? at.value : null;
+          }
+          if (!usable(y, log)) continue; // a non-finite spike already has its triangle
+          const x = xOf(run, m.step, mode);
+          if (Number.isFinite(x)) spikes.push({ value: [x, y, m.step], spike: m });
+        }
+        if (spikes.length) {
+          series.push({
+            id: run.name + "|spikes",
+            name: run.name + " spikes",
+            type: "scatter",
+            data: spikes,
+            symbol: "circle",
+            symbolSize: 11,
+            itemStyle: { color: "rgba(214,39,40,0.15)", borderColor: MARK_COLOR, borderWidth: 2 },
+            z: 9,
+            gradmonRole: "spike",
+          });
+        }
+      }
+    }
+    return { series, log, markerPoints };
+  }
+
+  function thresholdLine(maxNorm, color) {
+    return {
+      silent: true,
+      symbol: "none",
+      data: [{ yAxis: maxNorm, name: "max_norm" }],
+      lineStyle: { color, type: "dashed", width: 1, opacity: 0.8 },
+      label: { formatter: "max_norm " + formatValue(maxNorm), position: "insideEndTop", color: "#555" },
+    };
+  }
+
+  return { KNOWN_PANELS: KNOWN, MARK_COLOR, panelsFor, buildSeries, formatValue, xOf };
+});

@@ -1,0 +1,40 @@
+/* Debiased exponential moving average, as TensorBoard's scalar dashboard computes it. */
+(function (root, factory) {
+  "use strict";
+  const api = factory();
+  if (typeof module !== "undefined" && module.exports) module.exports = api;
+  else Object.assign((root.GradmonLib = root.GradmonLib || {}), api);
+})(typeof self !== "undefined" ? self : this, function () {
+  "use strict";
+
+  /**
+   * Smooth `values` with weight `alpha` in [0, 1): s_t = alpha*s_{t-1} + (1-alpha)*x_t, divided by the
+   * bias correction 1 - alpha^n where n counts the finite values seen so far (the EMA starts at 0).
+   *
+   * Non-finite inputs pass through unchanged at their index and do not enter the average, so one NaN
+   * does not poison every later point. alpha <= 0 returns a copy of the input.
+   */
+  function emaDebiased(values, alpha) {
+    const out = new Array(values.length);
+    if (!(alpha > 0)) {
+      for (let i = 0; i < values.length; i++) out[i] = values[i];
+      return out;
+    }
+    const a = Math.min(alpha, 0.999999);
+    let last = 0;
+    let n = 0;
+    for (let i = 0; i < values.length; i++) {
+      const x = values[i];
+      if (typeof x !== "number" || !Number.isFinite(x)) {
+        out[i] = x;
+        continue;
+      }
+      last = last * a + (1 - a) * x;
+      n++;
+      out[i] = last / (1 - Math.pow(a, n));
+    }
+    return out;
+  }
+
+  return { emaDebiased };
+});

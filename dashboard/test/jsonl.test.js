@@ -1,0 +1,72 @@
+"use strict";
+const test = require("node:test");
+const assert = require("node:assert/strict");
+const { parseJsonl, decodeLine, decodeNonFinite } = require("../src/lib/jsonl.js");
+
+test("non-finite strings decode to numbers in numeric fields only", () => {
+  const rec = decodeLine('{"type":"step","step":2,"loss":"NaN","grad_norm":"Infinity","lr":"-Infinity","message":"NaN"}');
+  assert.ok(Number.isNaN(rec.loss));
+  assert.equal(rec.grad_norm, Infinity);
+  assert.equal(rec.lr, -Infinity);
+  assert.equal(rec.message, "NaN"); // a text field keeps the word
+  const nested = decodeNonFinite({ config: { a: ["NaN", 1] }, type: "NaN" });
+  assert.ok(Number.isNaN(nested.config.a[0]));
+  assert.equal(nested.type, "NaN");
+});
+
+test("other strings are not numbers", () => {
+  const rec = decodeLine('{"type":"step","step":1,"loss":"nan","note":"inf"}');
+  assert.equal(rec.loss, "nan");
+  assert.equal(rec.note, "inf");
+});
+
+test("bare NaN tokens, non-objects and bad known fields are rejected", () => {
+  assert.throws(() => decodeLine('{"type":"step","step":1,"loss":NaN}'), /not JSON/);
+  assert.throws(() => decodeLine("[1,2]"), /object/);
+  assert.throws(() => decodeLine('{"step":1}'), /type/);
+  assert.throws(() => decodeLine('{"type":"step","step":1.5}'), /integer/);
+  assert.throws(() => decodeLine('{"type":"step","step":"3"}'), /integer/);
+  assert.throws(() => decodeLine('{"type":"step","step":true}'), /integer/);
+  assert.throws(() => decodeLine('{"type":"eval","step":1,"ts":"x"}'), /number/);
+  assert.throws(() => decodeLine('{"type":"step"}'), /step/);
+});
+
+test("parseJsonl skips and counts malformed lines, keeps going", () => {
+  const text = [
+    '{"type":"header","schema":1}',
+    "not json",
+    '{"type":"step","step":1,"loss":1.5}',
+    '{"type":"step","step":2,"loss":NaN}',
+    "",
+    '{"type":"step","step":3,"loss":"NaN"}',
+    "",
+  ].join("\n");
+  const r = parseJsonl(text);
+  assert.equal(r.records.length, 3);
+  assert.equal(r.skipped, 2);
+  assert.deepEqual(r.errors.map((e) => e.line), [2, 4]);
+  assert.ok(Number.isNaN(r.records[2].loss));
+  assert.equal(r.rest, "");
+});
+
+test("a trailing partial line is never parsed; kept as rest, counted only when final", () => {
+  const text = '{"type":"step","step":1,"loss":1}\n{"type":"step","step":2,"lo';
+  const live = parseJsonl(text);
+  assert.equal(live.records.length, 1);
+  assert.equal(live.skipped, 0);
+  assert.equal(live.rest, '{"type":"step","step":2,"lo');
+  // Even a partial line that happens to be valid JSON is not a record until its newline arrives.
+  const valid = parseJsonl('{"type":"step","step":1,"loss":1}\n{"type":"step","step":2,"loss":1}');
+  assert.equal(valid.records.length, 1);
+  const fin = parseJsonl(text, { final: true });
+  assert.equal(fin.records.length, 1);
+  assert.equal(fin.skipped, 1);
+  assert.equal(fin.partial, true);
+  assert.match(fin.errors[0].error, /partial/);
+});
+
+test("CRLF line endings are accepted", () => {
+  const r = parseJsonl('{"type":"step","step":1,"loss":1}\r\n{"type":"step","step":2,"loss":2}\r\n');
+  assert.equal(r.records.length, 2);
+  assert.equal(r.skipped, 0);
+});

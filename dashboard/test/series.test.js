@@ -1,0 +1,158 @@
+"use strict";
+const test = require("node:test");
+const assert = require("node:assert/strict");
+const { RunData, Series, spliceWindow } = require("../src/lib/series.js");
+
+function history(steps, extra) {
+  return Object.assign(
+    {
+      run: "r",
+      cursor: { gen: "g1", offset: 1000 },
+      exact: false,
+      start: steps[0],
+      end: steps[steps.length - 1],
+      series: {
+        loss: { step: steps, value: steps.map((s) => 1 / s) },
+        grad_norm: { step: steps, value: steps.map(() => 1) },
+        ts: { step: steps, value: steps.map((s) => 1000 + s) },
+      },
+      eval: { loss: { step: [50], value: [0.5] } },
+      marks: [],
+      events: [],
+      headers: [{ type: "header", schema: 1, start_time: 999.5, max_norm: 1.0 }],
+    },
+    extra || {},
+  );
+}
+
+const step = (s, fields) => Object.assign({ type: "step", step: s, ts: 1000 + s, loss: 1 / s, grad_norm: 1 }, fields || {});
+
+test("history then live records merge by step with no duplicate", () => {
+  const run = new RunData("r");
+  run.loadHistory(history([1, 10, 20, 40, 60, 80, 100]));
+  assert.equal(run.pointCount("loss"), 7);
+  assert.equal(run.exact, false);
+  assert.deepEqual(run.cursor, { gen: "g1", offset: 1000 });
+  // a resubscribe race replays steps 95..100 before the new ones
+  for (let s = 95; s <= 110; s++) run.ingestRecord(step(s));
+  const loss = run.series.get("loss");
+  assert.deepEqual(loss.steps, [1, 10, 20, 40, 60, 80, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110]);
+  assert.equal(new Set(loss.steps).size, loss.steps.length);
+  // a record seen twice replaces itself
+  run.ingestRecord(step(110, { loss: 7 }));
+  assert.equal(run.pointCount("loss"), 22);
+  assert.equal(loss.values[loss.length - 1], 7);
+  assert.equal(run.lastStep, 110);
+  assert.equal(run.maxNorm, 1.0);
+  assert.equal(run.pointCount("eval/loss"), 1);
+});
+
+test("wire records with non-finite strings become values and marks", () => {
+  const run = new RunData("r");
+  run.ingestRecord(step(1));
+  run.ingestRecord({ type: "step", step: 2, loss: "NaN", grad_norm: "Infinity", nonfinite: true, skipped: true });
+  assert.ok(Number.isNaN(run.valueAt("loss", 2).value));
+  assert.equal(run.valueAt("grad_norm", 2).value, Infinity);
+  const nf = run.marksOf("nonfinite");
+  assert.deepEqual(nf.map((m) => m.field).sort(), ["grad_norm", "loss"]);
+  assert.equal(run.marksOf("skip").length, 1);
+  // flags are not curves
+  assert.deepEqual(run.fields().sort(), ["grad_norm", "loss"]);
+});
+
+test("history series values arrive as strings and are decoded; server marks kept", () => {
+  const h = history([1, 2, 3]);
+  h.series.loss.value = [1, "NaN", "-Infinity"];
+  h.marks = [{ step: 3, kind: "spike", field: "grad_norm", value: "Infinity" }];
+  const run = new RunData("r");
+  run.loadHistory(h);
+  const v = run.series.get("loss").values;
+  assert.ok(Number.isNaN(v[1]));
+  assert.equal(v[2], -Infinity);
+  assert.equal(run.marksOf("nonfinite").length, 2);
+  assert.equal(run.marksOf("spike")[0].value, Infinity);
+});
+
+test("spikes: flagged by the cell, by an event, or by the host rule", () => {
+  const run = new RunData("r", { spikeRule: { k: 5, window: 20, minHistory: 10 } });
+  for (let s = 1; s <= 30; s++) run.ingestRecord(step(s, { grad_norm: 1 + (s % 3) * 0.01 }));
+  run.ingestRecord(step(31, { grad_norm: 20 })); // rule
+  run.ingestRecord(step(32, { grad_norm: 1.5, spike: true })); // cell flag, not extreme
+  run.ingestRecord({ type: "event", kind: "spike", step: 33, ts: 1, grad_norm: 2.0, message: "spike" });
+  const spikes = run.marksOf("spike");
+  assert.deepEqual(spikes.map((m) => m.step), [31, 32, 33]);
+  assert.deepEqual(spikes[0].sources, ["rule"]);
+  assert.ok(spikes[0].median > 0.9 && spikes[0].median < 1.1);
+  assert.deepEqual(spikes[1].sources, ["cell"]);
+  // replaying step 31 does not create a second judgement nor a second mark
+  run.ingestRecord(step(31, { grad_norm: 20 }));
+  assert.equal(run.marksOf("spike").length, 3);
+});
+
+test("memory is bounded: over the cap old points are decimated, spikes and NaN kept", () => {
+  const run = new RunData("r", { cap: 1000, spikeRule: { k: 1e9 } });
+  for (let s = 1; s <= 5000; s++) {
+    const f = {};
+    if (s === 123) f.grad_norm = 40;
+    if (s === 456) f.loss = "NaN";
+    if (s === 789) Object.assign(f, { spike: true, grad_norm: 1.01 });
+    run.ingestRecord(step(s, f));
+  }
+  const g = run.series.get("grad_norm");
+  assert.ok(g.length <= 1000, String(g.length));
+  assert.ok(g.length >= 500);
+  assert.equal(g.steps[g.length - 1], 5000);
+  assert.equal(run.valueAt("grad_norm", 123).value, 40);
+  assert.ok(run.valueAt("grad_norm", 789).exact); // flagged step kept though not extreme
+  assert.ok(Number.isNaN(run.valueAt("loss", 456).value));
+  for (let i = 1; i < g.length; i++) assert.ok(g.steps[i] > g.steps[i - 1]);
+});
+
+test("a zoom window replaces the base points inside its range only", () => {
+  const run = new RunData("r");
+  run.loadHistory(history([1, 10, 20, 30, 40]));
+  run.setDetail({ start: 10, end: 20, exact: true, series: { loss: { step: [10, 11, 12, 20], value: [5, 6, 7, 8] } } });
+  const v = run.view("loss");
+  assert.deepEqual(v.steps, [1, 10, 11, 12, 20, 30, 40]);
+  assert.deepEqual(v.values.slice(1, 5), [5, 6, 7, 8]);
+  assert.deepEqual(run.view("grad_norm").steps, [1, 10, 20, 30, 40]); // no window for it
+  run.setDetail(null);
+  assert.deepEqual(run.view("loss").steps, [1, 10, 20, 30, 40]);
+  assert.deepEqual(spliceWindow([1, 2, 3], [1, 2, 3], null).steps, [1, 2, 3]);
+});
+
+test("wall time of a step is interpolated from known times; inverse too", () => {
+  const run = new RunData("r");
+  run.loadHistory(history([1, 11, 21]));
+  assert.equal(run.tsAt(11), 1011);
+  assert.equal(run.tsAt(16), 1016);
+  assert.equal(run.tsAt(31), 1031);
+  assert.equal(run.startTime, 999.5);
+  assert.equal(run.stepAtTs(1016), 16);
+});
+
+test("loadHistory (after reset/lagged) replaces earlier data", () => {
+  const run = new RunData("r");
+  for (let s = 1; s <= 10; s++) run.ingestRecord(step(s));
+  run.loadHistory(history([1, 2]));
+  assert.equal(run.pointCount("loss"), 2);
+});
+
+test("Series.setAll sorts and deduplicates", () => {
+  const s = new Series();
+  s.setAll([3, 1, 2, 3], [30, 10, 20, 31]);
+  assert.deepEqual(s.steps, [1, 2, 3]);
+  assert.deepEqual(s.values, [10, 20, 31]);
+  s.put(2.5, 25);
+  assert.deepEqual(s.steps, [1, 2, 2.5, 3]);
+  assert.deepEqual(s.nearest(2.9), { step: 3, value: 31 });
+});
+
+test("unknown record types and invalid records are ignored", () => {
+  const run = new RunData("r");
+  assert.equal(run.ingestRecord({ type: "future_thing", x: 1 }), false);
+  assert.equal(run.ingestRecord({ type: "step", step: "x" }), false);
+  assert.equal(run.skippedLines, 1);
+  assert.equal(run.ingestRecord({ type: "end", status: "finished", ts: 1 }), true);
+  assert.equal(run.ended.status, "finished");
+});
