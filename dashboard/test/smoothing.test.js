@@ -36,3 +36,10 @@ test("NaN and Infinity pass through at their index and do not poison the average
   const withGap = emaDebiased([2, NaN, 4], 0.5);
   close(withGap[2], ref[1]);
 });
+
+test("a constant series is returned exactly (no rounding noise)", () => {
+  const out = emaDebiased([0.001, 0.001, NaN, 0.001, 0.001], 0.9);
+  assert.equal(out[0], 0.001);
+  assert.equal(out[4], 0.001);
+  assert.ok(Number.isNaN(out[2]));
+});

@@ -8,6 +8,7 @@
   function durationLabel(s) {
     if (!Number.isFinite(s)) return "";
     const a = Math.abs(s);
+    if (a < 10) return Number(s.toFixed(2)) + "s";
     if (a < 120) return Math.round(s) + "s";
     if (a < 7200) return (s / 60).toFixed(a < 600 ? 1 : 0) + "m";
     return (s / 3600).toFixed(1) + "h";
@@ -183,7 +184,7 @@
           transitionDuration: 0,
         },
         xAxis: { type: "value", name: "step", nameLocation: "end", nameGap: 4, nameTextStyle: { color: "#888", verticalAlign: "top", padding: [8, 0, 0, 0] } },
-        yAxis: { type: "value", scale: true, splitLine: { lineStyle: { color: "#eee" } } },
+        yAxis: { type: "value", scale: true, splitLine: { lineStyle: { color: "#eee" } }, axisLabel: { formatter: (v) => L.formatValue(v) } },
         dataZoom: [
           { type: "inside", xAxisIndex: 0, filterMode: "filter", zoomOnMouseWheel: true, moveOnMouseMove: true },
           { type: "slider", xAxisIndex: 0, filterMode: "filter", height: 14, bottom: 8, showDetail: false, brushSelect: false },

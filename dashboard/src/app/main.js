@@ -25,10 +25,12 @@
     colors: new Map(),
     userChoseRuns: false,
     loading: new Set(),
+    reload: new Set(),
     settings: { xMode: "step", smoothing: 0, log: false },
     notice: "",
-    errors: [],
     fetches: 0,
+    liveRecords: 0,
+    droppedMessages: 0,
   };
   let client = null;
   let board = null;
@@ -124,8 +126,9 @@
     } else if (!on && i >= 0) {
       state.selected.splice(i, 1);
       if (state.runsInfo.get(name) && state.runsInfo.get(name).status !== "replay") {
-        state.runs.delete(name); // its memory goes; reselecting refetches
-        subscribe();
+        // Its memory goes; reselecting refetches. (The protocol has no unsubscribe: its records
+        // keep coming and are ignored.)
+        state.runs.delete(name);
       }
     }
     renderRuns();
@@ -140,6 +143,10 @@
 
   async function loadRun(name) {
     if (state.mode !== "live") return;
+    if (state.loading.has(name)) {
+      state.reload.add(name); // a reset/lagged during the fetch: fetch again once it is done
+      return;
+    }
     const run = state.runs.get(name) || new L.RunData(name);
     state.runs.set(name, run);
     state.loading.add(name);
@@ -147,27 +154,61 @@
       state.fetches++;
       const resp = await client.history(name, { points: historyPoints() });
       if (state.runs.get(name) !== run) return; // deselected meanwhile
-      run.loadHistory(resp);
+      run.loadHistory(resp, state.runsInfo.get(name));
       run.zoomKey = null;
     } catch (e) {
       setNotice("Could not load run " + name + ": " + e.message, true);
     } finally {
       state.loading.delete(name);
     }
-    subscribe();
+    if (state.reload.delete(name)) return loadRun(name);
+    subscribe(name);
     changed();
     if (board.zoom) onZoomEnd(board.zoom);
   }
 
-  /** Tell the server which runs to stream, from the cursor up to which each one is complete. */
-  function subscribe() {
+  /**
+   * Tell the server which runs to stream, each from the cursor up to which we have it complete
+   * (all selected runs when `only` is not given). Records the server had queued before this
+   * arrive with a `prev` beyond our cursor: they are dropped (see onRecords) until the catch-up.
+   */
+  function subscribe(only) {
     if (!client) return;
     const runs = {};
-    for (const name of state.selected) {
+    for (const name of only ? [only] : state.selected) {
       const run = state.runs.get(name);
       if (run && !state.loading.has(name) && run.cursor) runs[name] = run.cursor;
     }
-    client.send({ type: "subscribe", runs });
+    if (!Object.keys(runs).length) return;
+    if (client.send({ type: "subscribe", runs })) {
+      for (const name of Object.keys(runs)) state.runs.get(name).subscribed = true;
+    }
+  }
+
+  /** A `records` message: ingest it unless it starts beyond what we have (then resubscribe). */
+  function onRecords(msg) {
+    const run = state.runs.get(msg.run);
+    if (!run || state.loading.has(msg.run) || !run.cursor) return; // the history fetch (then subscribe) covers it
+    const prev = msg.prev;
+    const cur = run.cursor;
+    if (prev && cur && prev.gen === cur.gen && prev.offset > cur.offset) {
+      // A gap: records queued for us before our subscribe (the catch-up resends them), or lost ones.
+      state.droppedMessages++;
+      if (!run.subscribed) subscribe(run.name);
+      return;
+    }
+    if (prev && cur && prev.gen !== cur.gen) {
+      loadRun(run.name); // another generation of the file: start over
+      return;
+    }
+    run.subscribed = false; // in step again: a later gap means records were lost
+    // prev < cursor: an overlap (resubscribe race); records merge by step, so nothing doubles.
+    for (const r of msg.records || []) run.ingestRecord(r);
+    if (msg.cursor && (!cur || msg.cursor.gen !== cur.gen || msg.cursor.offset > cur.offset)) run.cursor = msg.cursor;
+    const info = state.runsInfo.get(msg.run);
+    if (info && run.lastStep !== null) info.last_step = run.lastStep;
+    state.liveRecords += (msg.records || []).length;
+    changed();
   }
 
   function onMessage(msg) {
@@ -181,21 +222,15 @@
             loadRun(info.name);
           }
         }
+        for (const run of state.runs.values()) run.subscribed = false;
         subscribe();
         break;
       case "runs":
         setRunsInfo(msg.runs);
         break;
-      case "records": {
-        const run = state.runs.get(msg.run);
-        if (!run || state.loading.has(msg.run)) return; // the history fetch (then subscribe) covers it
-        for (const r of msg.records || []) run.ingestRecord(r);
-        if (msg.cursor) run.cursor = msg.cursor;
-        const info = state.runsInfo.get(msg.run);
-        if (info && run.lastStep !== null) info.last_step = run.lastStep;
-        changed();
+      case "records":
+        onRecords(msg);
         break;
-      }
       case "reset":
       case "lagged":
         if (state.runs.has(msg.run) && !state.loading.has(msg.run)) loadRun(msg.run);
@@ -441,6 +476,12 @@
 
   function afterDraw() {
     renderBanner();
+    // Keep the runs list's "step N" current without rebuilding it (a rebuild would eat clicks).
+    for (const li of document.querySelectorAll("#runs li.run")) {
+      const run = state.runs.get(li.dataset.run);
+      const meta = li.querySelector(".run-meta");
+      if (run && meta && run.lastStep !== null) meta.textContent = "step " + run.lastStep;
+    }
     $("#empty").hidden = entries().some((e) => e.run.fields().length > 0);
   }
 

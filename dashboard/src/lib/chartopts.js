@@ -110,6 +110,7 @@
           }
         }
         const label = isEval ? run.name + " · " + field : run.name;
+        const sparse = raw.length <= 60 || isEval; // a few points: show them as dots, not just a line
         const smooth = alpha > 0 && !isEval;
         series.push({
           id: run.name + "|" + field + "|raw",
@@ -117,8 +118,8 @@
           type: "line",
           data: raw,
           color,
-          showSymbol: isEval,
-          symbolSize: isEval ? 5 : 4,
+          showSymbol: sparse,
+          symbolSize: isEval ? 5 : 3,
           connectNulls: true,
           lineStyle: { width: smooth ? 1 : 1.5, opacity: smooth ? 0.25 : 1, type: isEval ? "dashed" : "solid" },
           itemStyle: { opacity: smooth ? 0.25 : 1 },

@@ -152,6 +152,7 @@
       this.detail = null; // exact window fetched on zoom: {start, end, series: Map}
       this.ended = null;
       this.skippedLines = 0;
+      this.malformed = 0;
       this.version = 0;
       this.detector = new lib.SpikeDetector(this.spikeRule);
       this.ruleSpikeSteps = new Set();
@@ -297,8 +298,12 @@
       }
     }
 
-    /** Replace everything with a /history response (see docs/protocol.md). */
-    loadHistory(resp) {
+    /**
+     * Replace everything with a /history response (see docs/protocol.md). `info` (the run's
+     * /api/runs entry) supplies first_ts/last_ts to place history steps in time when the response
+     * carries no `ts` series (linear between the first and last step).
+     */
+    loadHistory(resp, info) {
       const keepSkipped = this.skippedLines;
       this.reset();
       this.skippedLines = keepSkipped;
@@ -325,6 +330,13 @@
       load("", resp.series);
       load("eval/", resp.eval);
       load("system/", resp.system);
+      const ts = this.series.get("ts");
+      if ((!ts || !ts.length) && info && typeof info.first_ts === "number" && typeof info.last_ts === "number") {
+        const a = this.firstStep;
+        const b = this.lastStep;
+        if (a !== null && b !== null) this.get("ts").setAll(a === b ? [a] : [a, b], a === b ? [info.last_ts] : [info.first_ts, info.last_ts]);
+      }
+      this.malformed = typeof resp.malformed === "number" ? resp.malformed : 0;
       const g = this.series.get("grad_norm");
       if (g) for (let i = 0; i < g.length; i++) this._ruleSpike(g.steps[i], g.values[i]);
       this.version++;

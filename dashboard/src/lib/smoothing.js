@@ -12,11 +12,12 @@
    * bias correction 1 - alpha^n where n counts the finite values seen so far (the EMA starts at 0).
    *
    * Non-finite inputs pass through unchanged at their index and do not enter the average, so one NaN
-   * does not poison every later point. alpha <= 0 returns a copy of the input.
+   * does not poison every later point. alpha <= 0 returns a copy of the input, and so does a
+   * constant series (as in TensorBoard: the average would only add rounding noise to a flat line).
    */
   function emaDebiased(values, alpha) {
     const out = new Array(values.length);
-    if (!(alpha > 0)) {
+    if (!(alpha > 0) || isConstant(values)) {
       for (let i = 0; i < values.length; i++) out[i] = values[i];
       return out;
     }
@@ -34,6 +35,16 @@
       out[i] = last / (1 - Math.pow(a, n));
     }
     return out;
+  }
+
+  function isConstant(values) {
+    let first;
+    for (const x of values) {
+      if (typeof x !== "number" || !Number.isFinite(x)) continue;
+      if (first === undefined) first = x;
+      else if (x !== first) return false;
+    }
+    return true;
   }
 
   return { emaDebiased };
