@@ -1,0 +1,175 @@
+"""Section ``norm``: which graph form of the global norm / clip / history write is cheapest.
+
+Standalone of gradmon's cell (it uses :mod:`benchmarks.norm_impls`), GRAPH mode only, one child
+process per model. Two measurements per model:
+
+- ``micro``: the norm alone (``NormOnly``) over tensors shaped like the model's parameters, in
+  ms per call, plus its relative error against a float64 numpy norm;
+- ``in_step``: ``ProbeStep`` variants inside a real training step, as bracketed ratios against a
+  plain ``TrainOneStepCell`` (same method as the ``step`` section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.child import run_child
+from benchmarks.step_overhead import MODELS
+
+
+def measure_model(model: str, settings: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor, nn
+
+    from benchmarks.interleave import run_interleaved, sync
+    from benchmarks.norm_impls import NORMS, PROBES, NormOnly, ProbeStep
+    from benchmarks.stats import summarize
+    from examples import models as M
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target=settings.get("device", "CPU"))
+    ms.set_seed(0)
+    spec = MODELS[model]
+    net = M.with_loss(getattr(M, spec["factory"])())
+    params = net.trainable_params()
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(p.shape).astype(np.float32) * 1e-2 for p in params]
+    tensors = tuple(Tensor(a) for a in arrays)
+    exact = float(np.sqrt(sum(float(np.sum(a.astype(np.float64) ** 2)) for a in arrays)))
+    micro: dict[str, Any] = {}
+    cells = {}
+    for kind in NORMS:
+        try:
+            cell = NormOnly(kind)
+            value = float(cell(tensors).asnumpy())
+            cells[kind] = cell
+            micro[kind] = {"rel_error": abs(value - exact) / exact}
+        except Exception as exc:
+            micro[kind] = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"}
+    calls = settings["micro_calls"]
+    samples: dict[str, list[float]] = {k: [] for k in cells}
+    for _ in range(settings["rounds"]):
+        for kind, cell in cells.items():  # round-robin: drift hits every form alike
+            t0 = time.perf_counter()
+            out = None
+            for _ in range(calls):
+                out = cell(tensors)
+            out.asnumpy()
+            samples[kind].append((time.perf_counter() - t0) / calls * 1e3)
+    for kind, values in samples.items():
+        micro[kind]["ms_per_call"] = summarize(values)
+    log(
+        "  micro: "
+        + ", ".join(
+            f"{k} {v['ms_per_call']['median']:.3f} ms" for k, v in micro.items() if "ms_per_call" in v
+        )
+    )
+
+    opt = nn.Adam(params, learning_rate=1e-3)
+    x, y = M.synthetic_batch(spec["batch"])
+    step_cells: dict[str, Any] = {"plain": nn.TrainOneStepCell(net, opt)}
+    unavailable: dict[str, str] = {}
+    for name in settings["probes"]:
+        norm, clip, ring = PROBES[name]
+        try:
+            cell = ProbeStep(net, opt, norm=norm, clip=clip, ring=ring)
+            sync(cell(x, y))
+            step_cells[name] = cell
+        except Exception as exc:
+            unavailable[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+            log(f"  {name}: not available: {unavailable[name]}")
+    in_step = run_interleaved(
+        step_cells,
+        (x, y),
+        baseline="plain",
+        rounds=settings["rounds"],
+        target_block_s=settings["target_block_s"],
+        min_steps=settings["min_steps"],
+        max_steps=settings["max_steps"],
+        warmup_steps=settings["warmup_steps"],
+        log=log,
+    )
+    return {
+        "model": model,
+        "params": M.count_params(net),
+        "tensors": len(params),
+        "batch": spec["batch"],
+        "micro": micro,
+        "in_step": in_step,
+        "unavailable": unavailable,
+        "probes": {k: dict(zip(("norm", "clip", "ring"), PROBES[k])) for k in settings["probes"]},
+    }
+
+
+def plan(smoke: bool) -> list[dict[str, Any]]:
+    from benchmarks.norm_impls import PROBES
+
+    all_probes = list(PROBES)
+    if smoke:
+        s = {
+            "rounds": 2,
+            "target_block_s": 0.01,
+            "min_steps": 2,
+            "max_steps": 20,
+            "warmup_steps": 1,
+            "micro_calls": 5,
+            "probes": ["norm_addn", "norm_concat", "clip_minimum", "ring_scatter"],
+        }
+        return [{"model": "mlp", "settings": s, "timeout": 300}]
+    s = {
+        "rounds": 10,
+        "target_block_s": 0.3,
+        "min_steps": 3,
+        "max_steps": 500,
+        "warmup_steps": 3,
+        "micro_calls": 20,
+        "probes": all_probes,
+    }
+    big = {
+        **s,
+        "min_steps": 2,
+        "micro_calls": 5,
+        "probes": ["norm_addn", "norm_l2loss", "norm_concat_dot", "clip_minimum", "clip_flat", "clip_stock"],
+    }
+    return [
+        {"model": "mlp", "settings": s, "timeout": 300},
+        {"model": "tiny_transformer", "settings": s, "timeout": 400},
+        {"model": "transformer_20m", "settings": big, "timeout": 500},
+    ]
+
+
+def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: str) -> dict[str, Any]:
+    from benchmarks.norm_impls import __doc__ as impl_doc
+
+    section: dict[str, Any] = {"about": (impl_doc or "").strip(), "runs": []}
+    for item in plan(smoke):
+        settings = {**item["settings"], "device": device}
+        log(f"norm: GRAPH {item['model']}")
+        out_file = os.path.join(out_dir, f"norm-{item['model']}.json")
+        args = ["--model", item["model"], "--settings", json.dumps(settings)]
+        run = run_child("benchmarks.norm_section", args, out_file, item["timeout"], log)
+        run.update({"model": item["model"], "settings": settings})
+        section["runs"].append(run)
+    return section
+
+
+def _main() -> int:
+    p = argparse.ArgumentParser(description="one model of the norm section (child process)")
+    p.add_argument("--model", choices=sorted(MODELS), required=True)
+    p.add_argument("--settings", required=True)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    result = measure_model(a.model, json.loads(a.settings), lambda m: print(m, flush=True))
+    with open(a.out, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

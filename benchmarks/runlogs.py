@@ -1,0 +1,154 @@
+"""Synthetic run logs for the server and page benchmarks (docs/format.md, schema 1).
+
+``step_record(step, ...)`` makes one realistic ``step`` record; ``generate_run_log`` writes a
+whole file of ``n`` steps (a header, step records with a spike every 10 000 steps and a
+non-finite step every 100 000, their events, an ``end`` record). Big files are written with a
+pre-formatted line template (~10x faster than :func:`gradmon.jsonl.encode_record` per record) and
+the template's output is checked against the strict decoder on the first lines.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+from gradmon.jsonl import decode_line, encode_record
+
+SPIKE_EVERY = 10_000
+NONFINITE_EVERY = 100_000
+
+
+def loss_at(step: int) -> float:
+    """A smooth decreasing loss curve with a little deterministic wiggle."""
+    return 2.3 * math.exp(-step / 200_000.0) + 0.05 + 0.02 * math.sin(step * 0.37)
+
+
+def step_record(step: int, ts: float, *, bench_wts: float | None = None) -> dict[str, Any]:
+    """One ``step`` record like a ``MonitoredTrainStep`` + ``LiveMonitor`` run writes.
+
+    ``bench_wts``: the writer's wall-clock time, embedded as a user metric so a receiver can
+    compute the end-to-end latency."""
+    norm = 1.0 + 0.5 * math.cos(step * 0.11)
+    rec: dict[str, Any] = {
+        "type": "step",
+        "step": step,
+        "epoch": 1 + step // 1000,
+        "ts": ts,
+        "loss": loss_at(step),
+        "grad_norm": norm,
+        "lr": 1e-3,
+        "throughput": 5120.0,
+        "step_time": 0.0125,
+        "data_time": 0.0004,
+        "clip_coef": min(1.0, 1.0 / norm),
+        "zscore": 0.1,
+    }
+    if step % NONFINITE_EVERY == 0:
+        rec.update(loss=math.nan, grad_norm=math.inf, nonfinite=True, skipped=True)
+    elif step % SPIKE_EVERY == 0:
+        rec.update(grad_norm=50.0, zscore=9.0, spike=True, clipped=True)
+    if bench_wts is not None:
+        rec["bench_wts"] = bench_wts
+    return rec
+
+
+def header(run_id: str = "bench") -> dict[str, Any]:
+    return {
+        "type": "header",
+        "schema": 1,
+        "run_id": run_id,
+        "start_time": time.time(),
+        "host": "bench",
+        "pid": os.getpid(),
+        "versions": {"gradmon": "bench"},
+        "mode": "GRAPH",
+        "device": "CPU",
+        "world_size": 1,
+        "rank": 0,
+        "config": {},
+        "max_norm": 1.0,
+        "spike_mode": "clip",
+        "log_interval": 100,
+    }
+
+
+_TEMPLATE = (
+    '{{"type":"step","step":{s},"epoch":{e},"ts":{ts:.3f},"loss":{loss:.6f},"grad_norm":{g:.6f},'
+    '"lr":0.001,"throughput":5120.0,"step_time":0.0125,"data_time":0.0004,"clip_coef":{c:.6f},'
+    '"zscore":0.1}}\n'
+)
+
+
+def _fast_line(step: int, ts: float) -> str:
+    if step % SPIKE_EVERY == 0 or step % NONFINITE_EVERY == 0:
+        return encode_record(step_record(step, ts))
+    norm = 1.0 + 0.5 * math.cos(step * 0.11)
+    return _TEMPLATE.format(
+        s=step, e=1 + step // 1000, ts=ts, loss=loss_at(step), g=norm, c=min(1.0, 1.0 / norm)
+    )
+
+
+def generate_run_log(path: str, n_steps: int, *, t0: float = 1.7e9, end: bool = True) -> dict[str, Any]:
+    """Write a run log of ``n_steps`` steps to ``path`` (atomically: ``path.tmp`` first); with
+    ``end=False`` it has no ``end`` record, like a run still training.
+
+    Returns ``{"records", "bytes", "seconds"}``."""
+    for s in (1, 2, 3, SPIKE_EVERY, NONFINITE_EVERY):  # the fast template must stay a valid record
+        a = decode_line(_fast_line(s, t0 + s * 0.01))
+        assert a["step"] == s and a["type"] == "step", a
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    started = time.perf_counter()
+    records = 0
+    with open(tmp, "w", encoding="utf-8", buffering=1 << 20) as f:
+        f.write(encode_record(header()))
+        chunk: list[str] = []
+        for s in range(1, n_steps + 1):
+            ts = t0 + s * 0.01
+            chunk.append(_fast_line(s, ts))
+            if s % SPIKE_EVERY == 0:
+                kind = "nonfinite" if s % NONFINITE_EVERY == 0 else "spike"
+                chunk.append(
+                    encode_record(
+                        {"type": "event", "kind": kind, "step": s, "ts": ts, "message": f"synthetic {kind}"}
+                    )
+                )
+            if len(chunk) >= 10_000:
+                f.write("".join(chunk))
+                records += len(chunk)
+                chunk = []
+        f.write("".join(chunk))
+        records += len(chunk)
+        f.write(
+            encode_record(
+                {
+                    "type": "end",
+                    "ts": t0 + n_steps * 0.01,
+                    "status": "finished",
+                    "steps": n_steps,
+                    "dropped_records": 0,
+                }
+            )
+        )
+        records += 2
+    os.replace(tmp, path)
+    return {"records": records, "bytes": os.path.getsize(path), "seconds": time.perf_counter() - started}
+
+
+def ensure_run_log(path: str, n_steps: int) -> dict[str, Any]:
+    """Reuse ``path`` if it is complete (ends with an ``end`` record of ``n_steps``), else generate it."""
+    if os.path.exists(path):
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.path.getsize(path) - 4096))
+                last = f.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+            rec = decode_line(last)
+            if rec.get("type") == "end" and rec.get("steps") == n_steps:
+                return {"reused": True, "bytes": os.path.getsize(path)}
+        except Exception:  # unreadable or partial: generate again
+            pass
+    info = generate_run_log(path, n_steps)
+    info["reused"] = False
+    return info

@@ -1,0 +1,350 @@
+"""Section ``server``: ``gradmon serve`` latency, CPU, and the cost of big histories.
+
+The server runs as its own process (``python -m gradmon serve``), so its CPU and RSS are its own
+(``psutil``). The clients are real ``websockets`` clients in a child process
+(:mod:`benchmarks.ws_clients`); the writer is this process, appending step records that embed
+``bench_wts = time.time()`` through ``RunLogWriter`` (one write + flush per line), paced to a rate.
+Latency = client receive time - ``bench_wts``: file append -> server tail -> WebSocket -> client.
+
+History: 1M- and 10M-step run logs are generated once into ``benchmarks/out/bigruns/`` (reused when
+complete; the 10M one is ~2 GB and is skipped with a note when the disk has < 10 GB free) and
+served by a fresh server each; we time until ``/api/runs`` reports all records (load/index time),
+then ``/api/runs/<name>/history`` (first and repeated fetches, response size) and the server RSS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from benchmarks.runlogs import ensure_run_log, header, step_record
+from benchmarks.stats import percentile
+
+GB = 1 << 30
+
+
+def server_unavailable_reason() -> str | None:
+    if importlib.util.find_spec("gradmon.server.cli") is None:
+        return "gradmon.server.cli not available (the `gradmon serve` command is not built yet)"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 60.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _serve_command(logdir: str, port: int) -> list[str]:
+    """``gradmon serve`` with the log directory passed the way its parser wants it."""
+    base = [sys.executable, "-m", "gradmon", "serve"]
+    help_text = subprocess.run([*base, "--help"], capture_output=True, text=True, timeout=60).stdout
+    args = ["--logdir", logdir] if "--logdir" in help_text else [logdir]
+    return [*base, *args, "--host", "127.0.0.1", "--port", str(port)]
+
+
+@contextlib.contextmanager
+def serve(logdir: str, log_path: str, ready_timeout: float = 60.0) -> Iterator[dict[str, Any]]:
+    """Start ``gradmon serve`` on a free loopback port; yield ``{"url", "pid", "proc"}``; stop it."""
+    port = free_port()
+    cmd = _serve_command(logdir, port)
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + ready_timeout
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"gradmon serve exited with {proc.returncode}; see {log_path}")
+                try:
+                    if http_get(url + "/api/runs", timeout=5)[0] == 200:
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"gradmon serve not answering after {ready_timeout:.0f} s")
+                time.sleep(0.05)
+            yield {"url": url, "ws": f"ws://127.0.0.1:{port}/ws", "pid": proc.pid, "proc": proc}
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _runs(url: str) -> list[dict[str, Any]]:
+    status, body = http_get(url + "/api/runs")
+    if status != 200:
+        raise RuntimeError(f"/api/runs answered {status}")
+    return json.loads(body)["runs"]
+
+
+def _writer(path: str) -> Any:
+    """A ``RunLogWriter`` (or, without gradmon.runlog, a bare write+flush file) with ``write``/``close``."""
+    try:
+        from gradmon.runlog import RunLogWriter
+
+        return RunLogWriter(path)
+    except ImportError:
+        from gradmon.jsonl import encode_record
+
+        class Bare:
+            def __init__(self) -> None:
+                self.f = open(path, "a", encoding="utf-8")  # noqa: SIM115
+
+            def write(self, r: dict[str, Any]) -> None:
+                self.f.write(encode_record(r))
+                self.f.flush()
+
+            def close(self, *_a: Any) -> None:
+                self.f.close()
+
+        return Bare()
+
+
+def _latency_case(
+    srv: dict[str, Any], writer: Any, first_step: int, clients: int, rate: int, duration: float, tmp: str
+) -> tuple[dict[str, Any], int]:
+    import psutil
+
+    ready = os.path.join(tmp, f"ready-{clients}-{rate}")
+    stop = os.path.join(tmp, f"stop-{clients}-{rate}")
+    out = os.path.join(tmp, f"clients-{clients}-{rate}.json")
+    connect_budget = 10.0 + 0.2 * clients
+    until = time.time() + connect_budget + duration + 10.0
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.ws_clients",
+            "--url",
+            srv["ws"],
+            "--clients",
+            str(clients),
+            "--until",
+            str(until),
+            "--ready",
+            ready,
+            "--stop",
+            stop,
+            "--out",
+            out,
+        ]
+    )
+    result: dict[str, Any] = {"clients": clients, "rate": rate, "duration_s": duration}
+    step = first_step
+    try:
+        deadline = time.monotonic() + connect_budget
+        while not os.path.exists(ready) and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.02)
+        if not os.path.exists(ready):
+            result["error"] = "clients did not all connect"
+        else:
+            proc = psutil.Process(srv["pid"])
+            proc.cpu_percent(None)
+            t0 = time.perf_counter()
+            n = int(rate * duration)
+            for i in range(n):
+                target = t0 + i / rate
+                delay = target - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                step += 1
+                writer.write(step_record(step, time.time(), bench_wts=time.time()))
+            result["written"] = n
+            result["write_rate_achieved"] = n / (time.perf_counter() - t0)
+            time.sleep(1.0)  # let the last records arrive
+            result["server_cpu_percent"] = proc.cpu_percent(None)
+    finally:
+        open(stop, "w").close()
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    if os.path.exists(out):
+        with open(out, encoding="utf-8") as f:
+            got = json.load(f)
+        result.update({k: v for k, v in got.items() if k != "clients"})
+        if "written" in result:
+            result["expected"] = result["written"] * clients
+    return result, step
+
+
+def _latency(settings: dict[str, Any], out_dir: str, log: Callable[[str], None]) -> dict[str, Any]:
+    import psutil
+
+    tmp = tempfile.mkdtemp(prefix="gradmon-bench-srv-")
+    section: dict[str, Any] = {"latency": []}
+    try:
+        path = os.path.join(tmp, "logs", "live", "metrics.jsonl")
+        writer = _writer(path)
+        writer.write(header("latency"))
+        with serve(os.path.join(tmp, "logs"), os.path.join(out_dir, "server-latency.log")) as srv:
+            section["server_rss_mb_start"] = psutil.Process(srv["pid"]).memory_info().rss / 2**20
+            step = 0
+            for clients in settings["clients"]:
+                for rate in settings["rates"]:
+                    case, step = _latency_case(srv, writer, step, clients, rate, settings["duration_s"], tmp)
+                    section["latency"].append(case)
+                    log(
+                        f"  {clients} clients @ {rate}/s: p50 {case.get('p50_ms', float('nan')):.1f} ms, "
+                        f"p99 {case.get('p99_ms', float('nan')):.1f} ms, received {case.get('received')} "
+                        f"of {case.get('expected')}"
+                    )
+            # Idle: one client connected, nothing written.
+            ready = os.path.join(tmp, "ready-idle")
+            stop = os.path.join(tmp, "stop-idle")
+            until = time.time() + settings["idle_s"] + 20
+            child = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.ws_clients",
+                    "--url",
+                    srv["ws"],
+                    "--clients",
+                    "1",
+                    "--until",
+                    str(until),
+                    "--ready",
+                    ready,
+                    "--stop",
+                    stop,
+                    "--out",
+                    os.path.join(tmp, "idle.json"),
+                ]
+            )
+            deadline = time.monotonic() + 15
+            while not os.path.exists(ready) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            section["idle_cpu_percent"] = psutil.Process(srv["pid"]).cpu_percent(interval=settings["idle_s"])
+            open(stop, "w").close()
+            child.wait(timeout=30)
+            section["server_rss_mb_end"] = psutil.Process(srv["pid"]).memory_info().rss / 2**20
+        writer.close("finished")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return section
+
+
+def _history_case(
+    n_steps: int, settings: dict[str, Any], out_dir: str, log: Callable[[str], None]
+) -> dict[str, Any]:
+    import psutil
+
+    name = f"r{n_steps}"
+    root = os.path.join(out_dir, "bigruns", name)
+    path = os.path.join(root, name, "metrics.jsonl")
+    case: dict[str, Any] = {"records": n_steps}
+    need = n_steps * 230 * 1.2
+    free = shutil.disk_usage(out_dir).free
+    if not os.path.exists(path) and (free < 10 * GB or free < need):
+        case["skipped"] = f"only {free / GB:.1f} GB free (need >= 10 GB and {need / GB:.1f} GB for the file)"
+        return case
+    gen = ensure_run_log(path, n_steps)
+    case["file_mb"] = gen["bytes"] / 1e6
+    case["generated_s"] = gen.get("seconds", 0.0)
+    log(
+        f"  history {n_steps:,}: file {'reused' if gen['reused'] else 'generated'} "
+        f"({gen['bytes'] / 1e6:.0f} MB)"
+    )
+    t0 = time.perf_counter()
+    with serve(
+        root, os.path.join(out_dir, f"server-{name}.log"), ready_timeout=settings["load_timeout_s"]
+    ) as srv:
+        deadline = time.monotonic() + settings["load_timeout_s"]
+        loaded = False
+        while time.monotonic() < deadline:
+            runs = {r["name"]: r for r in _runs(srv["url"])}
+            info = runs.get(name)
+            if info and (info.get("last_step") == n_steps or info.get("status") == "finished"):
+                loaded = True
+                break
+            time.sleep(0.1)
+        case["index_s"] = time.perf_counter() - t0
+        if not loaded:
+            case["error"] = f"run not fully loaded after {settings['load_timeout_s']} s"
+            return case
+        times = []
+        size = 0
+        for _ in range(settings["fetches"]):
+            t1 = time.perf_counter()
+            status, body = http_get(
+                f"{srv['url']}/api/runs/{name}/history", timeout=settings["load_timeout_s"]
+            )
+            times.append(time.perf_counter() - t1)
+            if status != 200:
+                case["error"] = f"history answered {status}: {body[:200]!r}"
+                return case
+            size = len(body)
+        doc = json.loads(body)
+        case["first_fetch_ms"] = times[0] * 1e3
+        case["fetch_ms"] = percentile(times, 50) * 1e3
+        case["fetch_kb"] = size / 1e3
+        case["series_points"] = len(doc.get("series", {}).get("loss", {}).get("step", []))
+        case["marks"] = len(doc.get("marks", []))
+        case["rss_mb"] = psutil.Process(srv["pid"]).memory_info().rss / 2**20
+    log(
+        f"  history {n_steps:,}: ready in {case['index_s']:.1f} s, fetch {case['fetch_ms']:.0f} ms, "
+        f"{case['fetch_kb']:.0f} KB, RSS {case['rss_mb']:.0f} MB"
+    )
+    return case
+
+
+def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: str) -> dict[str, Any]:
+    reason = server_unavailable_reason()
+    if reason:
+        return {"skipped": reason}
+    if smoke:
+        settings = {
+            "clients": [1, 10],
+            "rates": [100],
+            "duration_s": 0.5,
+            "idle_s": 0.5,
+            "history_sizes": [20_000],
+            "load_timeout_s": 60,
+            "fetches": 2,
+        }
+    else:
+        settings = {
+            "clients": [1, 10, 100],
+            "rates": [100, 1000],
+            "duration_s": 4.0,
+            "idle_s": 3.0,
+            "history_sizes": [1_000_000, 10_000_000],
+            "load_timeout_s": 300,
+            "fetches": 5,
+        }
+    log("server: latency")
+    section = _latency(settings, out_dir, log)
+    section["settings"] = settings
+    section["history"] = []
+    for n in settings["history_sizes"]:
+        try:
+            section["history"].append(_history_case(n, settings, out_dir, log))
+        except Exception as exc:
+            section["history"].append({"records": n, "error": f"{type(exc).__name__}: {exc}"})
+    section["about"] = (__doc__ or "").strip()
+    return section

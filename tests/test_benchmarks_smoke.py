@@ -1,0 +1,164 @@
+"""The benchmark harness: pure statistics, and a ``--smoke`` run whose JSON has every section with
+numbers (or an explicit "not available" reason). No timing thresholds: speed lives in RESULTS.md."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.report import render
+from benchmarks.runlogs import generate_run_log
+from benchmarks.stats import bracket_schedule, bracketed_ratios, percentile, steps_per_block, summarize
+from gradmon.runlog import ReadStats, read_records
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_percentile_matches_linear_interpolation():
+    assert percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.5
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 25) == 2.0
+    assert percentile([7.0], 99) == 7.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_summary_fields():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s["median"] == 3.0 and s["min"] == 1.0 and s["max"] == 100.0 and s["n"] == 5
+    assert s["iqr"] == s["q3"] - s["q1"] == 2.0
+
+
+def test_schedule_brackets_every_variant_and_rotates():
+    order = bracket_schedule(["x", "y", "z"], rounds=3)
+    assert order[0] == order[-1] == "plain"
+    assert len(order) == 2 * 3 * 3 + 1
+    for i, name in enumerate(order):
+        if name != "plain":
+            assert order[i - 1] == "plain" and order[i + 1] == "plain"
+    firsts = [order[1 + 6 * r] for r in range(3)]
+    assert len(set(firsts)) > 1, "the variant order must change between rounds"
+    with pytest.raises(ValueError):
+        bracket_schedule(["plain"], rounds=1)
+
+
+def test_bracketed_ratio_uses_both_neighbours():
+    order = ["plain", "v", "plain", "w", "plain"]
+    ratios = bracketed_ratios(order, [1.0, 3.0, 2.0, 2.0, 2.0])
+    assert ratios == {"v": [2.0], "w": [1.0]}
+    with pytest.raises(ValueError):
+        bracketed_ratios(["v", "plain"], [1.0, 1.0])
+
+
+def test_steps_per_block_is_clamped():
+    assert steps_per_block(0.001, 0.3, 3, 500) == 300
+    assert steps_per_block(1.0, 0.3, 3, 500) == 3
+    assert steps_per_block(1e-6, 0.3, 3, 500) == 500
+
+
+def test_generated_run_log_is_strictly_valid(tmp_path):
+    path = str(tmp_path / "r" / "metrics.jsonl")
+    info = generate_run_log(path, 20_000)
+    stats = ReadStats()
+    records = list(read_records(path, stats=stats))
+    assert stats.malformed == 0
+    assert info["records"] == len(records)
+    steps = [r for r in records if r["type"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 20_001))
+    flagged = [r["step"] for r in steps if r.get("spike")]
+    assert flagged == [10_000, 20_000]
+    assert records[0]["type"] == "header" and records[-1]["type"] == "end"
+
+
+def _numbers_in(d):
+    if isinstance(d, bool):
+        return
+    if isinstance(d, (int, float)):
+        yield d
+    elif isinstance(d, dict):
+        for v in d.values():
+            yield from _numbers_in(v)
+    elif isinstance(d, list):
+        for v in d:
+            yield from _numbers_in(v)
+
+
+def _finite_positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_every_section(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--out-dir", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jsons = list(out.glob("results-*-smoke.json"))
+    mds = list(out.glob("results-*-smoke.md"))
+    assert len(jsons) == 1 and len(mds) == 1
+    doc = json.loads(jsons[0].read_text())
+    assert doc["smoke"] is True
+    assert doc["machine"]["cpu_count"] >= 1 and doc["machine"]["versions"]["mindspore"]
+    sections = doc["sections"]
+    assert set(sections) == {"step", "norm", "logging", "server", "page"}
+    for name, sec in sections.items():
+        assert "error" not in sec, f"{name}: {sec.get('error')}\n{sec.get('traceback', '')}"
+        if "skipped" in sec:  # a dependency is missing: the reason must say so
+            assert "not" in sec["skipped"] or "missing" in sec["skipped"], sec["skipped"]
+
+    # step: the baseline and the stock clip always run; ratios are positive numbers.
+    run = sections["step"]["runs"][0]
+    assert "error" not in run, run
+    variants = run["variants"]
+    assert _finite_positive(variants["plain"]["ms_per_step"]["median"])
+    assert _finite_positive(variants["stock_clip"]["ratio"]["median"])
+    assert len(variants["stock_clip"]["ratios"]) == run["rounds"]
+    gm = [v for v in variants if v.startswith("gm_")]
+    if sections["step"]["gradmon_cells"] == "available":
+        assert gm, "gradmon.cells imports, so its variants must have run"
+    else:
+        assert all(n in run["unavailable"] for n in ("gm_norm_h0", "gm_clip"))
+
+    # norm: every norm form agrees with float64 numpy and has a time.
+    norm_run = sections["norm"]["runs"][0]
+    assert "error" not in norm_run, norm_run
+    for kind, m in norm_run["micro"].items():
+        assert m["rel_error"] < 1e-4, kind
+        assert _finite_positive(m["ms_per_call"]["median"]), kind
+    assert _finite_positive(norm_run["in_step"]["variants"]["norm_addn"]["ratio"]["median"])
+
+    # logging: writer throughput, and no device read on a non-log step while log steps do read.
+    logging = sections["logging"]
+    assert _finite_positive(logging["writer"]["run_log_writer"]["records_per_s"])
+    assert logging["callback"], logging.get("unavailable")
+    for case in logging["callback"]:
+        assert case["reads_nonlog_steps"] == 0, case
+        assert case["reads_log_steps"] >= 1, case
+        assert _finite_positive(case["nonlog_us"]["median"])
+
+    if "skipped" not in sections["server"]:
+        lat = sections["server"]["latency"]
+        assert lat and all(_finite_positive(c.get("p50_ms")) for c in lat), lat
+        assert all(c["received"] == c["expected"] for c in lat), lat
+        hist = sections["server"]["history"][0]
+        assert _finite_positive(hist.get("fetch_ms")), hist
+    if "skipped" not in sections["page"]:
+        assert _finite_positive(sections["page"].get("chart_ready_ms"))
+        assert _finite_positive(sections["page"].get("fps_streaming"))
+
+    md = mds[0].read_text()
+    assert "SMOKE RUN" in md and "## Step overhead" in md and "stock_clip" in md
+    assert render(doc) == md
+
+
+def test_report_renders_skipped_and_failed_sections():
+    doc = {"machine": {"device": "CPU"}, "sections": {
+        "server": {"skipped": "gradmon.server.cli not available", "section_wall_s": 0.0},
+        "page": {"error": "boom", "section_wall_s": 0.0}}}
+    md = render(doc)
+    assert "Not run: gradmon.server.cli not available" in md
+    assert "Failed: boom" in md
