@@ -76,3 +76,9 @@ test("formatValue names non-finite values", () => {
   assert.equal(formatValue(12), "12");
   assert.equal(formatValue(undefined), "—");
 });
+
+test("formatValue trims exponent mantissas", () => {
+  assert.equal(formatValue(0.0008), "8e-4");
+  assert.equal(formatValue(0.00081), "8.1e-4");
+  assert.equal(formatValue(25000000.5), "2.5e+7");
+});

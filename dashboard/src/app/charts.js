@@ -2,7 +2,6 @@
 (function (root) {
   "use strict";
   const L = root.GradmonLib;
-  const GROUP = "gradmon";
   const MIN_FRAME_MS = 100; // at most 10 redraws per second while streaming
 
   function durationLabel(s) {
@@ -29,9 +28,9 @@
       this.renderCount = 0;
       this.zoomTimer = null;
       this.zoom = null; // {startValue, endValue} in x units, null = whole range
+      this.pct = [0, 100]; // the shared zoom window in percent of the common x extent
       this.extent = null;
-      this.suppressZoomEvents = 0;
-      echarts.connect(GROUP);
+      this.syncing = false;
       this.resizeObserver = new ResizeObserver(() => {
         for (const p of this.panels.values()) p.chart.resize();
       });
@@ -164,10 +163,9 @@
       card.append(head, el);
       this.container.appendChild(card);
       const chart = echarts.init(el, null, { renderer: "canvas" });
-      chart.group = GROUP;
       chart.setOption(this._baseOption());
-      if (this.zoom) chart.dispatchAction({ type: "dataZoom", startValue: this.zoom.startValue, endValue: this.zoom.endValue });
-      chart.on("datazoom", () => this._onZoom(chart));
+      if (this.pct[0] > 0 || this.pct[1] < 100) chart.dispatchAction({ type: "dataZoom", start: this.pct[0], end: this.pct[1] });
+      chart.on("datazoom", (ev) => this._onZoom(chart, ev));
       this.resizeObserver.observe(el);
       return { panel, card, el, chart, key: null, markerPoints: 0, series: [] };
     }
@@ -193,29 +191,62 @@
       };
     }
 
-    _onZoom(chart) {
-      if (this.suppressZoomEvents) return;
+    /**
+     * Linked zoom: every chart has the same x extent (set in draw), so one percent window fits all.
+     * Done by hand rather than echarts.connect, which would also pop up every chart's tooltip at once.
+     */
+    _onZoom(chart, ev) {
+      if (this.syncing) return;
+      const p = ev && ev.batch ? ev.batch[0] : ev || {};
+      let start = p.start;
+      let end = p.end;
+      if ((start === undefined || end === undefined) && p.startValue !== undefined && this.extent && this.extent.min !== null) {
+        const span = this.extent.max - this.extent.min;
+        start = ((p.startValue - this.extent.min) / span) * 100;
+        end = ((p.endValue - this.extent.min) / span) * 100;
+      }
+      if (start === undefined || end === undefined) return;
+      this._setWindow(start, end, chart);
+    }
+
+    _setWindow(start, end, source) {
+      this.pct = [start, end];
+      this.syncing = true;
+      try {
+        for (const q of this.panels.values()) {
+          if (q.chart !== source) q.chart.dispatchAction({ type: "dataZoom", start, end });
+        }
+      } finally {
+        this.syncing = false;
+      }
       clearTimeout(this.zoomTimer);
       // Refetch only when the user stops zooming: one request per gesture, not per wheel tick.
       this.zoomTimer = setTimeout(() => {
-        const dz = chart.getOption().dataZoom[0];
-        const full = dz.start <= 0.01 && dz.end >= 99.99;
-        this.zoom = full ? null : { startValue: dz.startValue, endValue: dz.endValue };
+        const full = this.pct[0] <= 0.01 && this.pct[1] >= 99.99;
+        this.zoom = full ? null : this._values(this.pct);
         this.app.onZoomEnd(this.zoom);
       }, 350);
     }
 
-    /** Zoom every chart to [a, b] in x units (linked charts follow). */
+    _values(pct) {
+      if (!this.extent || this.extent.min === null) return null;
+      const span = this.extent.max - this.extent.min;
+      return { startValue: this.extent.min + (pct[0] / 100) * span, endValue: this.extent.min + (pct[1] / 100) * span };
+    }
+
+    /** Zoom every chart to [a, b] in x units. */
     zoomTo(a, b) {
+      if (!this.extent || this.extent.min === null) return;
+      const span = this.extent.max - this.extent.min;
+      const start = Math.max(0, ((a - this.extent.min) / span) * 100);
+      const end = Math.min(100, ((b - this.extent.min) / span) * 100);
+      this._setWindow(start, end, null);
       this.zoom = { startValue: a, endValue: b };
-      for (const p of this.panels.values()) {
-        p.chart.dispatchAction({ type: "dataZoom", startValue: a, endValue: b });
-      }
     }
 
     resetZoom() {
+      this._setWindow(0, 100, null);
       this.zoom = null;
-      for (const p of this.panels.values()) p.chart.dispatchAction({ type: "dataZoom", start: 0, end: 100 });
     }
 
     /** Rendered marker points of a panel: [{role, run, step, label}] (for tests and the status line). */

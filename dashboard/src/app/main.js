@@ -378,8 +378,7 @@
     const a = L.xOf(run, Math.max(first, step - half), mode);
     const b = L.xOf(run, Math.min(last, step + half), mode);
     if (!Number.isFinite(a) || !Number.isFinite(b)) return;
-    board.zoomTo(a, b);
-    onZoomEnd(board.zoom);
+    board.zoomTo(a, b); // onZoomEnd follows once the gesture settles
   }
 
   // ---------------------------------------------------------------- tooltip
@@ -488,7 +487,7 @@
   function bindControls() {
     $("#xmode").addEventListener("change", (e) => {
       state.settings.xMode = e.target.value;
-      board.zoom = null;
+      board.resetZoom(); // a window in steps means nothing in seconds
       changed();
     });
     const slider = $("#smoothing");
@@ -502,10 +501,7 @@
       replayFiles(Array.from(e.target.files || []));
       e.target.value = "";
     });
-    $("#reset-zoom").addEventListener("click", () => {
-      board.resetZoom();
-      onZoomEnd(null);
-    });
+    $("#reset-zoom").addEventListener("click", () => board.resetZoom());
     // Drag and drop a metrics.jsonl anywhere on the page.
     let depth = 0;
     window.addEventListener("dragenter", (e) => {

@@ -45,7 +45,7 @@
     if (v === -Infinity) return "-Infinity";
     if (Number.isInteger(v) && Math.abs(v) < 1e15) return String(v);
     const a = Math.abs(v);
-    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(3);
+    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(3).replace(/\.?0+e/, "e");
     return String(Number(v.toPrecision(5)));
   }
 
