@@ -1,0 +1,61 @@
+"""``gradmon serve LOGDIR``: the command-line entry of the server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+__all__ = ["add_parser", "run_serve"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``serve`` subcommand to the ``gradmon`` parser."""
+    from gradmon.server.app import DEFAULT_PORT
+
+    p = subparsers.add_parser(
+        "serve",
+        help="serve the live dashboard for the runs under LOGDIR",
+        description="Serve the live dashboard (HTTP + WebSocket on one port) for every run under LOGDIR. "
+        "Binds 127.0.0.1; any other --host requires a token (generated and printed in the URL "
+        "unless --token is given).",
+    )
+    p.add_argument("logdir", metavar="LOGDIR",
+                    help="log root: each directory below with a metrics.jsonl is a run")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
+    p.add_argument("--token", default=None,
+                   help="access token (default: none on loopback, generated otherwise)")
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from gradmon.server.app import serve
+
+    if not 0 <= args.port <= 65535:
+        print(f"gradmon serve: --port must be in 0..65535, got {args.port}", file=sys.stderr)
+        return 2
+    if args.token is not None and not args.token:
+        print("gradmon serve: --token must not be empty", file=sys.stderr)
+        return 2
+    if os.path.exists(args.logdir) and not os.path.isdir(args.logdir):
+        print(f"gradmon serve: {args.logdir} is not a directory", file=sys.stderr)
+        return 2
+
+    def ready(server) -> None:
+        where = os.path.realpath(args.logdir)
+        note = "" if os.path.isdir(where) else " (does not exist yet: runs appear once it does)"
+        print(f"gradmon: serving runs under {where}{note}", flush=True)
+        print(f"gradmon: open {server.url}", flush=True)
+
+    try:
+        asyncio.run(serve(args.logdir, args.host, args.port, args.token, ready=ready))
+    except KeyboardInterrupt:
+        return 0
+    except OSError as exc:
+        print(f"gradmon serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0

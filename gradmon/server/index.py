@@ -1,0 +1,485 @@
+"""A per-run index in bounded memory: fast history of a 10M-line run without holding it.
+
+- Numeric fields of ``step`` records go into a min/max *pyramid*: base buckets of ``BUCKET``
+  consecutive step records keep, per field, the first, last, minimum and maximum finite value with
+  their steps; every ``FANOUT`` buckets of a level merge into one bucket of the level above. A
+  history query walks down from the top to the finest level that fits the requested points, so
+  its cost depends on the points asked for, not on the run's length. Memory is ~70 bytes per
+  field per 128 records (~55 MB for 10M records of 8 fields).
+- Each base bucket also stores the byte offset of its first record: a sparse offset index, so a
+  zoomed range is read back from the file at full resolution by seeking.
+- Non-finite values and flagged steps (spike, skipped, nonfinite) are kept as *marks*, and
+  eval records, events and headers are kept whole; each of these lists is capped.
+
+Pure data structure: no I/O. The caller reads the file (see ``tail.read_lines``) when a plan asks.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gradmon.jsonl import RecordError, decode_line
+from gradmon.server.downsample import downsample_indices
+
+__all__ = ["BUCKET", "FANOUT", "HistoryPlan", "RunIndex", "Summary", "merge_summaries", "series_from_lines"]
+
+BUCKET = 128  # step records per base bucket
+FANOUT = 4  # buckets of a level per bucket of the level above
+MAX_FIELDS = 128  # numeric fields indexed per run (a run logging thousands of names is capped)
+MAX_MARKS = 20_000
+MAX_EVENTS = 5_000
+MAX_HEADERS = 1_000
+MAX_EVAL_POINTS = 200_000
+EXACT_READ_MAX = 32_768  # step records a history request may read back from the file
+
+# Numeric fields of a step record that are coordinates or bookkeeping, not series.
+NOT_SERIES = frozenset({"step", "epoch", "ts", "schema", "pid", "rank", "world_size"})
+# Step flags that make a mark, with the mark's kind.
+MARK_FLAGS = (("spike", "spike"), ("skipped", "skip"), ("nonfinite", "nonfinite"))
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+class Summary:
+    """The summary of consecutive step records: step range, count, first byte offset, and per
+    field ``[count, first_step, first, last_step, last, min_step, min, max_step, max]`` over its
+    finite values."""
+
+    __slots__ = ("fields", "hi", "lo", "n", "offset")
+
+    def __init__(self, offset: int) -> None:
+        self.lo = math.inf
+        self.hi = -math.inf
+        self.n = 0
+        self.offset = offset
+        self.fields: dict[str, list] = {}
+
+    def add(self, step: int, values: Iterable[tuple[str, float]]) -> None:
+        """Add one record: its step and its finite numeric values."""
+        self.n += 1
+        if step < self.lo:
+            self.lo = step
+        if step > self.hi:
+            self.hi = step
+        for name, v in values:
+            f = self.fields.get(name)
+            if f is None:
+                self.fields[name] = [1, step, v, step, v, step, v, step, v]
+                continue
+            f[0] += 1
+            f[3] = step
+            f[4] = v
+            if v < f[6]:
+                f[5] = step
+                f[6] = v
+            if v > f[8]:
+                f[7] = step
+                f[8] = v
+
+    def points(self, name: str) -> list[tuple[int, float]]:
+        """The distinct (step, value) points this summary keeps of a field, in step order."""
+        f = self.fields.get(name)
+        if f is None or f[0] == 0:
+            return []
+        return sorted({(f[1], f[2]), (f[3], f[4]), (f[5], f[6]), (f[7], f[8])})
+
+
+def merge_summaries(parts: Sequence[Summary]) -> Summary:
+    """One summary of consecutive summaries (in file order)."""
+    out = Summary(parts[0].offset)
+    for p in parts:
+        out.n += p.n
+        out.lo = min(out.lo, p.lo)
+        out.hi = max(out.hi, p.hi)
+        for name, f in p.fields.items():
+            if f[0] == 0:
+                continue
+            g = out.fields.get(name)
+            if g is None:
+                out.fields[name] = list(f)
+                continue
+            g[0] += f[0]
+            g[3], g[4] = f[3], f[4]
+            if f[6] < g[6]:
+                g[5], g[6] = f[5], f[6]
+            if f[8] > g[8]:
+                g[7], g[8] = f[7], f[8]
+    return out
+
+
+_FIELD_TYPECODES = ("I", "q", "d", "q", "d", "q", "d", "q", "d")
+
+
+class _Level:
+    """Summaries of one pyramid level, stored column-wise in compact arrays."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.lo = array("q")
+        self.hi = array("q")
+        self.n = array("I")
+        self.offset = array("q")
+        self.fields: dict[str, list[array]] = {}
+
+    def append(self, s: Summary) -> None:
+        for name in s.fields:
+            if name not in self.fields:
+                self.fields[name] = [array(tc, [0]) * self.size for tc in _FIELD_TYPECODES]
+        self.lo.append(int(s.lo))
+        self.hi.append(int(s.hi))
+        self.n.append(s.n)
+        self.offset.append(s.offset)
+        for name, cols in self.fields.items():
+            f = s.fields.get(name)
+            if f is None:
+                for c in cols:
+                    c.append(0)
+            else:
+                for c, v in zip(cols, f):
+                    c.append(v)
+        self.size += 1
+
+    def get(self, i: int) -> Summary:
+        s = Summary(self.offset[i])
+        s.lo, s.hi, s.n = self.lo[i], self.hi[i], self.n[i]
+        for name, cols in self.fields.items():
+            if cols[0][i]:
+                s.fields[name] = [c[i] for c in cols]
+        return s
+
+
+@dataclass
+class HistoryPlan:
+    """How to answer a history query: from the pyramid, or by reading ``[byte_lo, byte_hi)``."""
+
+    kind: str  # "pyramid" | "exact" (read, all points) | "read" (read, then downsample)
+    series: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
+    byte_lo: int = 0
+    byte_hi: int = 0
+
+
+class RunIndex:
+    """Everything the server keeps about one run (one generation of its file)."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.malformed = 0
+        self.step_records = 0
+        self.last_step: int | None = None
+        self.min_step: int | None = None
+        self.max_step: int | None = None
+        self.first_ts: float | None = None
+        self.last_ts: float | None = None
+        self.header: dict | None = None
+        self.ended: str | None = None  # status of the `end` record of the latest segment
+        self.fields: list[str] = []
+        self._field_set: set[str] = set()
+        self.levels: list[_Level] = [_Level()]
+        self._open: Summary | None = None
+        self.marks: list[tuple[int, str, str, float]] = []  # (step, kind, field, value)
+        self.marks_dropped = 0
+        self.events: deque[dict] = deque(maxlen=MAX_EVENTS)
+        self.events_dropped = 0
+        self.headers: list[dict] = []
+        self.eval: dict[str, tuple[list[int], list[float]]] = {}
+        self._eval_points = 0
+        self.eval_dropped = 0
+
+    # ---- building -------------------------------------------------------------------------
+
+    def add_line(self, line: bytes | None, offset: int) -> dict | None:
+        """Decode one line (starting at byte ``offset``) and index it; return the record, or
+        ``None`` (counted in ``malformed``) for a line that is not a valid record."""
+        if line is None:
+            self.malformed += 1
+            return None
+        try:
+            rec = decode_line(line)
+        except RecordError:
+            self.malformed += 1
+            return None
+        self.add(rec, offset)
+        return rec
+
+    def add(self, rec: dict, offset: int) -> None:
+        """Index one valid record that starts at byte ``offset`` of the file."""
+        self.records += 1
+        kind = rec["type"]
+        ts = _number(rec.get("ts"))
+        if ts is not None:
+            if self.first_ts is None:
+                self.first_ts = ts
+            self.last_ts = ts
+        if kind == "step":
+            self._add_step(rec, offset)
+        elif kind == "eval":
+            self._add_eval(rec)
+        elif kind == "header":
+            self.header = rec
+            self.ended = None
+            if len(self.headers) < MAX_HEADERS:
+                self.headers.append(rec)
+        elif kind == "event":
+            if len(self.events) == self.events.maxlen:
+                self.events_dropped += 1
+            self.events.append(rec)
+        elif kind == "end":
+            self.ended = rec.get("status") if isinstance(rec.get("status"), str) else "finished"
+
+    def _mark(self, step: int, kind: str, name: str, value: Any) -> None:
+        if len(self.marks) >= MAX_MARKS:
+            self.marks_dropped += 1
+            return
+        self.marks.append((step, kind, name, value))
+
+    def _add_step(self, rec: dict, offset: int) -> None:
+        step = rec["step"]
+        self.step_records += 1
+        self.last_step = step
+        self.min_step = step if self.min_step is None else min(self.min_step, step)
+        self.max_step = step if self.max_step is None else max(self.max_step, step)
+        finite: list[tuple[str, float]] = []
+        nonfinite_marked = False
+        for name, raw in rec.items():
+            if name in NOT_SERIES:
+                continue
+            v = _number(raw)
+            if v is None:
+                continue
+            if name not in self._field_set:
+                if len(self.fields) >= MAX_FIELDS:
+                    continue
+                self._field_set.add(name)
+                self.fields.append(name)
+            if math.isfinite(v):
+                finite.append((name, v))
+            else:
+                self._mark(step, "nonfinite", name, v)
+                nonfinite_marked = True
+        for flag, kind in MARK_FLAGS:
+            if rec.get(flag) is True and not (kind == "nonfinite" and nonfinite_marked):
+                name = "grad_norm" if "grad_norm" in rec else "loss"
+                self._mark(step, kind, name, _number(rec.get(name)))
+        if self._open is None:
+            self._open = Summary(offset)
+        self._open.add(step, finite)
+        if self._open.n >= BUCKET:
+            self._push(self._open)
+            self._open = None
+
+    def _push(self, s: Summary) -> None:
+        self.levels[0].append(s)
+        level = 0
+        while self.levels[level].size % FANOUT == 0:
+            lvl = self.levels[level]
+            merged = merge_summaries([lvl.get(i) for i in range(lvl.size - FANOUT, lvl.size)])
+            if level + 1 == len(self.levels):
+                self.levels.append(_Level())
+            self.levels[level + 1].append(merged)
+            level += 1
+
+    def _add_eval(self, rec: dict) -> None:
+        step = rec.get("step")
+        if not isinstance(step, int):
+            return
+        for name, raw in rec.items():
+            if name in NOT_SERIES:
+                continue
+            v = _number(raw)
+            if v is None:
+                continue
+            if self._eval_points >= MAX_EVAL_POINTS:
+                self.eval_dropped += 1
+                continue
+            steps, values = self.eval.setdefault(name, ([], []))
+            steps.append(step)
+            values.append(v)
+            self._eval_points += 1
+
+    # ---- querying -------------------------------------------------------------------------
+
+    def _node(self, node: tuple[int, int]) -> Summary:
+        level, i = node
+        if level < 0:
+            assert self._open is not None
+            return self._open
+        return self.levels[level].get(i)
+
+    def _overlaps(self, node: tuple[int, int], start: float, end: float) -> bool:
+        level, i = node
+        if level < 0:
+            o = self._open
+            return o is not None and o.lo <= end and o.hi >= start
+        lvl = self.levels[level]
+        return lvl.lo[i] <= end and lvl.hi[i] >= start
+
+    def _count(self, node: tuple[int, int]) -> int:
+        level, i = node
+        if level < 0:
+            return self._open.n if self._open is not None else 0
+        return self.levels[level].n[i]
+
+    def cover(self, start: float, end: float, max_nodes: int) -> list[tuple[int, int]]:
+        """Nodes ``(level, index)`` (level -1: the open bucket), in file order, that overlap the
+        step range ``[start, end]``: the finest level whose node count stays within ``max_nodes``."""
+        nodes: list[tuple[int, int]] = []
+        covered = 0  # base buckets covered by the coarser levels already listed
+        for level in range(len(self.levels) - 1, -1, -1):
+            width = FANOUT**level
+            lvl = self.levels[level]
+            nodes.extend((level, i) for i in range(covered // width, lvl.size))
+            covered = max(covered, lvl.size * width)
+        if self._open is not None:
+            nodes.append((-1, 0))
+        nodes = [nd for nd in nodes if self._overlaps(nd, start, end)]
+        while True:
+            top = max((lv for lv, _ in nodes), default=0)
+            if top <= 0:
+                return nodes
+            refined: list[tuple[int, int]] = []
+            for lv, i in nodes:
+                if lv != top:
+                    refined.append((lv, i))
+                    continue
+                for c in range(i * FANOUT, i * FANOUT + FANOUT):
+                    if self._overlaps((lv - 1, c), start, end):
+                        refined.append((lv - 1, c))
+            if len(refined) > max_nodes:
+                return nodes
+            nodes = refined
+
+    def _node_end(self, node: tuple[int, int], cursor: int) -> int:
+        """Byte offset just after the records of a base node (or the open bucket)."""
+        level, i = node
+        if level < 0:
+            return cursor
+        base = self.levels[0]
+        if i + 1 < base.size:
+            return base.offset[i + 1]
+        return self._open.offset if self._open is not None else cursor
+
+    def plan_history(self, start: float, end: float, points: int, cursor: int) -> HistoryPlan:
+        """Decide how to answer a history query for steps in ``[start, end]`` with about
+        ``points`` points per series, the file being complete up to byte ``cursor``."""
+        buckets = max(1, points // 4)
+        nodes = self.cover(start, end, buckets)
+        count = sum(self._count(nd) for nd in nodes)
+        coarse = 4 * len(nodes) < points // 2  # the pyramid would give too few points
+        if count <= points or (coarse and count <= EXACT_READ_MAX):
+            fine = self.cover(start, end, EXACT_READ_MAX // BUCKET + 8)
+            if fine and all(lv <= 0 for lv, _ in fine):
+                return HistoryPlan(
+                    kind="exact" if count <= points else "read",
+                    byte_lo=self._node(fine[0]).offset,
+                    byte_hi=self._node_end(fine[-1], cursor),
+                )
+        series: dict[str, tuple[list[int], list[float]]] = {}
+        summaries = [self._node(nd) for nd in nodes]
+        for name in self.fields:
+            pts: list[tuple[int, float]] = []
+            for s in summaries:
+                pts.extend(p for p in s.points(name) if start <= p[0] <= end)
+            series[name] = ([p[0] for p in pts], [p[1] for p in pts])
+        self._add_marks_to(series, start, end)
+        return HistoryPlan(kind="pyramid", series=series)
+
+    def _add_marks_to(self, series: dict[str, tuple[list[int], list[float]]], start: float,
+                      end: float) -> None:
+        """Put every mark's point into its series (so no spike or NaN is ever sampled away)."""
+        extra: dict[str, list[tuple[int, float]]] = {}
+        for step, _kind, name, value in self.marks:
+            if start <= step <= end and value is not None and name in series:
+                extra.setdefault(name, []).append((step, value))
+        for name, pts in extra.items():
+            steps, values = series[name]
+            merged = sorted(set(zip(steps, values)) | set(pts), key=lambda p: p[0])
+            series[name] = ([p[0] for p in merged], [p[1] for p in merged])
+
+    def marks_in(self, start: float, end: float) -> list[dict]:
+        return [{"step": s, "kind": k, "field": f, "value": v}
+                for s, k, f, v in self.marks if start <= s <= end]
+
+    def eval_in(self, start: float, end: float) -> dict[str, dict[str, list]]:
+        out = {}
+        for name, (steps, values) in self.eval.items():
+            idx = [i for i, s in enumerate(steps) if start <= s <= end]
+            out[name] = {"step": [steps[i] for i in idx], "value": [values[i] for i in idx]}
+        return out
+
+    def events_in(self, start: float, end: float) -> list[dict]:
+        out = []
+        for ev in self.events:
+            s = ev.get("step")
+            if not isinstance(s, int) or start <= s <= end:
+                out.append(ev)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """The index's part of a run's ``/api/runs`` entry."""
+        return {
+            "records": self.records,
+            "malformed": self.malformed,
+            "last_step": self.last_step,
+            "first_ts": self.first_ts,
+            "last_ts": self.last_ts,
+            "header": self.header,
+            "fields": list(self.fields),
+            "eval_fields": list(self.eval),
+        }
+
+
+def series_from_lines(lines: Iterable[tuple[int, bytes | None]], start: float, end: float,
+                      points: int) -> tuple[dict[str, tuple[list[int], list[float]]], bool]:
+    """Series of the step records among ``lines`` with steps in ``[start, end]``.
+
+    Returns ``(series, exact)``: all points when there are at most ``points`` records, else each
+    series downsampled to ``points // 4`` buckets keeping flagged steps and non-finite values.
+    """
+    steps_by: dict[str, list[int]] = {}
+    values_by: dict[str, list[float]] = {}
+    flagged: dict[str, set[int]] = {}
+    n = 0
+    for _end, line in lines:
+        if line is None or b'"step"' not in line:
+            continue
+        try:
+            rec = decode_line(line)
+        except RecordError:
+            continue
+        if rec["type"] != "step":
+            continue
+        step = rec["step"]
+        if not start <= step <= end:
+            continue
+        n += 1
+        is_flagged = any(rec.get(flag) is True for flag, _ in MARK_FLAGS)
+        for name, raw in rec.items():
+            if name in NOT_SERIES:
+                continue
+            v = _number(raw)
+            if v is None:
+                continue
+            steps = steps_by.setdefault(name, [])
+            if is_flagged:
+                flagged.setdefault(name, set()).add(len(steps))
+            steps.append(step)
+            values_by.setdefault(name, []).append(v)
+    exact = n <= points
+    series = {}
+    for name, steps in steps_by.items():
+        values = values_by[name]
+        if not exact:
+            idx = downsample_indices(values, max(1, points // 4), flagged.get(name, ()))
+            steps = [steps[i] for i in idx]
+            values = [values[i] for i in idx]
+        series[name] = (steps, values)
+    return series, exact

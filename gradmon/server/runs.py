@@ -1,0 +1,160 @@
+"""Find runs under a log root, and follow each one (tail + index + status).
+
+A run is a directory under the root holding ``metrics.jsonl`` (named by its relative path) or a
+``metrics.rank<N>.jsonl`` (named ``<dir>/rank<N>``); see docs/format.md. A run directory that
+is the root itself is named after the root's base name. Discovery never leaves the root: every
+directory and file is resolved (symlinks included) and refused unless it lies inside the
+resolved root; a directory reached twice (a symlink loop) is walked once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gradmon.server.index import RunIndex
+from gradmon.server.tail import FileTailer
+
+__all__ = ["MAX_DEPTH", "STALE_AFTER_S", "Batch", "Run", "discover_runs", "is_inside", "run_status"]
+
+MAX_DEPTH = 8  # directory levels below the root that discovery walks
+MAX_RUNS = 2_000
+STALE_AFTER_S = 120.0  # a run not finished whose file has not grown for this long is "stale"
+_RANK_FILE = re.compile(r"^metrics\.rank(\d{1,6})\.jsonl$")
+
+
+def is_inside(path: str, root: str) -> bool:
+    """Whether the resolved ``path`` is ``root`` or below it (``root`` already resolved)."""
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def discover_runs(root: str, max_depth: int = MAX_DEPTH, max_runs: int = MAX_RUNS) -> dict[str, str]:
+    """Map run name -> resolved path of its log file, for every run under ``root``."""
+    root = os.path.realpath(root)
+    base = os.path.basename(root) or "root"
+    found: dict[str, str] = {}
+    seen: set[str] = set()
+    stack: list[tuple[str, str, int]] = [(root, "", 0)]  # (dir path, relative name, depth)
+    while stack and len(found) < max_runs:
+        path, rel, depth = stack.pop()
+        real = os.path.realpath(path)
+        if real in seen or not is_inside(real, root):
+            continue
+        seen.add(real)
+        try:
+            entries = sorted(os.scandir(real), key=lambda e: e.name)
+        except OSError:
+            continue
+        name = rel or base
+        for e in entries:
+            try:
+                is_dir = e.is_dir()  # follows symlinks; the target is checked when walked
+                is_file = e.is_file()
+            except OSError:
+                continue
+            if is_dir:
+                if depth < max_depth and not e.name.startswith("."):
+                    stack.append((e.path, f"{rel}/{e.name}" if rel else e.name, depth + 1))
+                continue
+            if not is_file:
+                continue
+            if e.name == "metrics.jsonl":
+                run = name
+            else:
+                m = _RANK_FILE.match(e.name)
+                if m is None:
+                    continue
+                run = f"{name}/rank{int(m.group(1))}"
+            target = os.path.realpath(e.path)
+            if is_inside(target, root) and run not in found:
+                found[run] = target
+    return found
+
+
+def run_status(ended: str | None, mtime: float, now: float) -> str:
+    """``finished`` once the latest segment has an ``end`` record, else ``stale`` when the file has
+    not changed for ``STALE_AFTER_S``, else ``live``."""
+    if ended is not None:
+        return "finished"
+    return "stale" if now - mtime > STALE_AFTER_S else "live"
+
+
+@dataclass
+class Batch:
+    """Records read in one poll: lines ``[prev, cursor)`` of generation ``gen``."""
+
+    gen: str
+    prev: int
+    cursor: int
+    lines: list[bytes]  # the raw valid lines, strict JSON already (sent as they are)
+    records: list[dict]
+
+
+class Run:
+    """One run: its file tailer, its index and its status."""
+
+    def __init__(self, name: str, path: str) -> None:
+        self.name = name
+        self.path = path
+        self.tailer = FileTailer(path)
+        self.index = RunIndex()
+        self.status = "live"
+        self.indexing = True  # until the first poll that reaches the end of the file
+        self.missing = False
+
+    @property
+    def gen(self) -> str | None:
+        return self.tailer.gen
+
+    @property
+    def offset(self) -> int:
+        return self.tailer.offset
+
+    def cursor(self) -> dict[str, Any]:
+        return {"gen": self.tailer.gen, "offset": self.tailer.offset}
+
+    def info(self) -> dict[str, Any]:
+        """The run's entry in ``/api/runs``, ``hello`` and ``runs`` messages."""
+        out: dict[str, Any] = {"name": self.name, "status": self.status}
+        out.update(self.index.summary())
+        out["cursor"] = self.cursor()
+        out["indexing"] = self.indexing
+        return out
+
+    def poll(self, max_bytes: int = 4 << 20) -> tuple[bool, Batch | None, bool]:
+        """Read what was appended. Returns ``(reset, batch, more)``: ``reset`` when the file was
+        truncated or replaced (the index restarts, a new generation begins), the new records if
+        any, and whether more bytes are waiting."""
+        prev = self.tailer.offset
+        res = self.tailer.poll(max_bytes)
+        self.missing = res.missing
+        if res.reset:
+            self.index = RunIndex()
+            self.indexing = True
+            prev = 0
+        batch = None
+        if res.lines and self.tailer.gen is not None:
+            raw: list[bytes] = []
+            recs: list[dict] = []
+            start = prev
+            for end, line in res.lines:
+                rec = self.index.add_line(line, start)
+                if rec is not None:
+                    raw.append(line.strip())  # type: ignore[union-attr]
+                    recs.append(rec)
+                start = end
+            batch = Batch(self.tailer.gen, prev, self.tailer.offset, raw, recs)
+        if not res.more:
+            self.indexing = False
+        return res.reset, batch, res.more
+
+    def update_status(self, now: float | None = None) -> bool:
+        """Recompute the status; return whether it changed."""
+        status = run_status(self.index.ended, self.tailer.mtime, time.time() if now is None else now)
+        changed = status != self.status
+        self.status = status
+        return changed

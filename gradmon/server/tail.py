@@ -1,0 +1,203 @@
+"""Tail one run-log file: complete lines only, with truncation and replacement detection.
+
+A line is taken only once its ``\\n`` has arrived (a writer may be half-way through it). A line
+longer than ``max_line`` bytes is skipped and counted without ever being held whole in memory.
+A file that shrinks below what was read (truncation), changes inode or device (replacement), or
+whose first line changes (truncated and rewritten between two polls) restarts the tail with a
+new *generation* id. The generation is derived from device, inode and the first line, so it is
+stable across server restarts for an unchanged file: a client's cursor stays valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["MAX_LINE_BYTES", "FileTailer", "LineSplitter", "TailResult", "make_gen", "read_lines"]
+
+MAX_LINE_BYTES = 1 << 20  # records are small; anything longer is garbage, skipped unbuffered
+_GEN_PREFIX_BYTES = 256  # of the first line (header: run_id, start_time) that go into the gen id
+_FIRST_LINE_PROBE = 4096  # bytes read to find the first line when computing the gen id
+
+
+class LineSplitter:
+    """Incremental splitter of a byte stream into complete LF-terminated lines.
+
+    ``feed(data)`` takes the bytes that follow everything fed before and returns the complete
+    lines it finishes as ``(end_offset, line)`` pairs: ``end_offset`` is the file offset just
+    after the line's ``\\n``; ``line`` is the line without its ``\\n`` (and without a ``\\r``
+    before it), or ``None`` for a line longer than ``max_line`` (skipped, never buffered whole).
+    Bytes after the last ``\\n`` wait, buffered (at most ``max_line`` of them), for the next feed.
+    """
+
+    def __init__(self, offset: int = 0, max_line: int = MAX_LINE_BYTES) -> None:
+        self.line_start = offset  # offset where the pending (partial) line begins
+        self.fed = offset  # offset of the next byte to feed
+        self.max_line = max_line
+        self._buf = bytearray()
+        self._oversize = False
+
+    @property
+    def pending(self) -> int:
+        """Bytes of the partial line fed so far (including skipped bytes of an oversize line)."""
+        return self.fed - self.line_start
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes | None]]:
+        out: list[tuple[int, bytes | None]] = []
+        base = self.fed
+        pos = 0
+        n = len(data)
+        while pos < n:
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                if not self._oversize:
+                    if len(self._buf) + (n - pos) > self.max_line:
+                        self._oversize = True
+                        self._buf = bytearray()
+                    else:
+                        self._buf += data[pos:]
+                break
+            end = base + nl + 1
+            line: bytes | None
+            if self._oversize or len(self._buf) + (nl - pos) > self.max_line:
+                line = None
+            else:
+                line = bytes(self._buf) + data[pos:nl] if self._buf else data[pos:nl]
+                if line.endswith(b"\r"):
+                    line = line[:-1]
+            out.append((end, line))
+            self._buf = bytearray()
+            self._oversize = False
+            self.line_start = end
+            pos = nl + 1
+        self.fed = base + n
+        return out
+
+
+def make_gen(dev: int, ino: int, first_line: bytes) -> str:
+    """The generation id of a file: a short hash of its device, inode and first line."""
+    h = hashlib.sha1(f"{dev}:{ino}:".encode())
+    h.update(first_line[:_GEN_PREFIX_BYTES])
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class TailResult:
+    """What one :meth:`FileTailer.poll` found."""
+
+    lines: list[tuple[int, bytes | None]] = field(default_factory=list)
+    reset: bool = False  # the file was truncated or replaced: everything before is void
+    missing: bool = False  # the file does not exist (any more)
+    more: bool = False  # more bytes are waiting than this poll read
+
+
+class FileTailer:
+    """Follow one append-only file by polling ``os.stat`` (cheap) and reading what was appended.
+
+    ``offset`` (the cursor) is the end of the last complete line handed out; ``gen`` is ``None``
+    until the file holds one complete line.
+    """
+
+    def __init__(self, path: str, max_line: int = MAX_LINE_BYTES) -> None:
+        self.path = path
+        self.max_line = max_line
+        self.gen: str | None = None
+        self.size = 0
+        self.mtime = 0.0
+        self._ident: tuple[int, int] | None = None
+        self._first_line = b""
+        self._split = LineSplitter(0, max_line)
+
+    @property
+    def offset(self) -> int:
+        return self._split.line_start
+
+    def _first_line_of(self, fd: int) -> bytes | None:
+        head = os.pread(fd, _FIRST_LINE_PROBE, 0)
+        nl = head.find(b"\n")
+        if nl >= 0:
+            return head[:nl]
+        if len(head) >= _FIRST_LINE_PROBE:  # a very long first line: its first bytes will do
+            return head
+        return None
+
+    def _restart(self, st: os.stat_result, first_line: bytes) -> None:
+        old = self.gen
+        self._ident = (st.st_dev, st.st_ino)
+        self._first_line = first_line[:_GEN_PREFIX_BYTES]
+        gen = make_gen(st.st_dev, st.st_ino, first_line)
+        # A truncated file rewritten with the same first line still needs a different id.
+        self.gen = gen if gen != old else make_gen(st.st_dev, st.st_ino, first_line + old.encode())
+        self._split = LineSplitter(0, self.max_line)
+
+    def poll(self, max_bytes: int = 4 << 20) -> TailResult:
+        """Stat the file and read at most ``max_bytes`` of what was appended since the last poll."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return TailResult(missing=True)
+        self.mtime = st.st_mtime
+        replaced = self._ident is not None and self._ident != (st.st_dev, st.st_ino)
+        if st.st_size == self._split.fed and not replaced and self.gen is not None:
+            return TailResult()  # the common case: nothing new, one stat() and done
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return TailResult(missing=True)
+        try:
+            st = os.fstat(fd)  # the file we actually opened
+            replaced = self._ident is not None and self._ident != (st.st_dev, st.st_ino)
+            result = TailResult()
+            if self.gen is None or replaced or st.st_size < self._split.fed:
+                first = self._first_line_of(fd)
+                if self.gen is not None:
+                    result.reset = True
+                    self.gen = self.gen if first is not None else None
+                if first is None:  # no complete line yet: no generation, wait
+                    self.gen = None
+                    self._ident = (st.st_dev, st.st_ino)
+                    self._split = LineSplitter(0, self.max_line)
+                    self.size = st.st_size
+                    return result
+                self._restart(st, first)
+            elif self._first_line and os.pread(fd, len(self._first_line), 0) != self._first_line:
+                # Truncated and rewritten between two polls, past our offset.
+                first = self._first_line_of(fd) or b""
+                self._restart(st, first)
+                result.reset = True
+            self.size = st.st_size
+            todo = st.st_size - self._split.fed
+            if todo > 0:
+                n = min(todo, max_bytes)
+                data = os.pread(fd, n, self._split.fed)
+                result.lines = self._split.feed(data)
+                result.more = len(data) < todo
+                if len(data) < n:  # shrank while reading: next poll sorts it out
+                    self.size = self._split.fed
+            return result
+        finally:
+            os.close(fd)
+
+
+def read_lines(path: str, start: int, end: int, max_line: int = MAX_LINE_BYTES,
+               chunk: int = 1 << 20) -> list[tuple[int, bytes | None]]:
+    """Read the complete lines in ``[start, end)`` of a file (``end`` on a line boundary).
+
+    Returns ``(end_offset, line)`` pairs as :meth:`LineSplitter.feed` does; a missing file or
+    a short read gives the lines read so far.
+    """
+    out: list[tuple[int, bytes | None]] = []
+    split = LineSplitter(start, max_line)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            pos = start
+            while pos < end:
+                data = os.pread(f.fileno(), min(chunk, end - pos), pos)
+                if not data:
+                    break
+                out.extend(split.feed(data))
+                pos += len(data)
+    except OSError:
+        pass
+    return out

@@ -1,0 +1,251 @@
+"""A real `gradmon serve` (port 0, 127.0.0.1) and real `websockets` clients: streaming, history +
+cursor with no gap and no duplicate, restart, truncation, slow clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import socket
+import threading
+
+import pytest
+from test_server_helpers import (
+    StreamFollower,
+    append,
+    get_json,
+    header,
+    make_run,
+    recv_json,
+    recv_until,
+    step,
+    wait_for,
+)
+from websockets.asyncio.client import connect
+
+from gradmon.server import start_server
+
+
+@pytest.fixture
+def logdir(tmp_path):
+    return tmp_path / "logs"
+
+
+def _server(logdir, **kw):
+    kw.setdefault("discover_interval", 0.1)
+    return start_server(logdir, port=0, **kw)
+
+
+def _ws_url(h, path="/ws"):
+    return f"ws://127.0.0.1:{h.port}{path}"
+
+
+def test_appended_records_arrive_over_websocket(logdir):
+    path = make_run(logdir, "exp1", 3)
+    with _server(logdir) as h:
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                hello = await recv_json(ws)
+                assert hello["type"] == "hello"
+                (info,) = hello["runs"]
+                assert info["name"] == "exp1" and info["last_step"] == 3 and info["records"] == 4
+                follow = StreamFollower({"exp1": info["cursor"]})
+                append(path, [step(4), step(5, loss=math.nan, nonfinite=True)])
+                seen = []
+                await recv_until(ws, lambda m: follow.feed(m) and 5 in follow.steps("exp1"), seen=seen)
+                assert follow.steps("exp1") == [4, 5]
+                assert follow.records["exp1"][1]["loss"] == "NaN"  # strict JSON on the wire
+                assert follow.cursors["exp1"]["offset"] == path.stat().st_size
+        asyncio.run(main())
+
+
+def test_history_then_subscribe_has_no_gap_and_no_duplicate(logdir):
+    path = make_run(logdir, "exp1", 300)
+    with _server(logdir) as h:
+        wait_for(lambda: get_json(h.port, "/api/runs/exp1")[1]["last_step"] == 300)
+        stop = threading.Event()
+
+        def writer():  # appends while the client fetches history and subscribes
+            i = 301
+            while not stop.is_set() and i <= 900:
+                append(path, [step(i)])
+                i += 1
+
+        t = threading.Thread(target=writer)
+
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                await recv_json(ws)  # hello
+                t.start()
+                status, hist = get_json(h.port, "/api/runs/exp1/history?points=100000")
+                assert status == 200 and hist["exact"] is True
+                hist_steps = hist["series"]["loss"]["step"]
+                assert hist_steps == list(range(1, len(hist_steps) + 1))
+                await ws.send(json.dumps({"type": "subscribe", "runs": {"exp1": hist["cursor"]}}))
+                follow = StreamFollower({"exp1": hist["cursor"]})
+                t.join()
+                await recv_until(ws, lambda m: follow.feed(m) and 900 in follow.steps("exp1"))
+                assert hist_steps + follow.steps("exp1") == list(range(1, 901))
+        try:
+            asyncio.run(main())
+        finally:
+            stop.set()
+
+
+def test_reconnect_with_cursor_after_server_restart(logdir):
+    path = make_run(logdir, "exp1", 50)
+    with _server(logdir) as h:
+        _, hist = get_json(h.port, "/api/runs/exp1/history")
+    cursor = hist["cursor"]
+    append(path, [step(i) for i in range(51, 61)])
+    with _server(logdir) as h2:
+        async def main():
+            async with connect(_ws_url(h2)) as ws:
+                hello = await recv_json(ws)
+                assert hello["runs"][0]["cursor"]["gen"] == cursor["gen"]  # stable across restarts
+                await ws.send(json.dumps({"type": "subscribe", "runs": {"exp1": cursor}}))
+                follow = StreamFollower({"exp1": cursor})
+                await recv_until(ws, lambda m: follow.feed(m) and 60 in follow.steps("exp1"))
+                assert follow.steps("exp1") == list(range(51, 61))
+        asyncio.run(main())
+
+
+def test_subscribe_with_foreign_generation_or_mid_line_offset_gets_reset(logdir):
+    make_run(logdir, "exp1", 5)
+    with _server(logdir) as h:
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                info = (await recv_json(ws))["runs"][0]
+                other = {"gen": "other", "offset": 10}
+                await ws.send(json.dumps({"type": "subscribe", "runs": {"exp1": other}}))
+                msg = await recv_until(ws, lambda m: m["type"] == "reset")
+                assert msg["cursor"] == info["cursor"]
+                bad = {"gen": info["cursor"]["gen"], "offset": 7}  # inside the header line
+                await ws.send(json.dumps({"type": "subscribe", "runs": {"exp1": bad}}))
+                msg = await recv_until(ws, lambda m: m["type"] == "reset")
+                assert msg["cursor"] == info["cursor"]
+        asyncio.run(main())
+
+
+def test_truncation_sends_reset_then_new_records_from_offset_zero(logdir):
+    path = make_run(logdir, "exp1", 20)
+    with _server(logdir) as h:
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                info = (await recv_json(ws))["runs"][0]
+                path.write_text("")  # truncated...
+                append(path, [header("again"), step(1)])  # ...and restarted
+                msg = await recv_until(ws, lambda m: m["type"] == "reset")
+                assert msg["run"] == "exp1" and msg["cursor"]["offset"] == 0
+                assert msg["cursor"]["gen"] != info["cursor"]["gen"]
+                follow = StreamFollower({"exp1": msg["cursor"]})
+                await recv_until(ws, lambda m: follow.feed(m) and 1 in follow.steps("exp1"))
+                assert [r["type"] for r in follow.records["exp1"]] == ["header", "step"]
+        asyncio.run(main())
+        _, hist = get_json(h.port, "/api/runs/exp1/history")
+        assert hist["series"]["loss"]["step"] == [1]
+
+
+def test_new_run_appears_then_streams_from_its_start(logdir):
+    logdir.mkdir()
+    with _server(logdir) as h:
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                assert (await recv_json(ws))["runs"] == []
+                make_run(logdir, "sweep/a", 2)
+                seen = []
+                msg = await recv_until(ws, lambda m: m["type"] == "runs", seen=seen)
+                (info,) = msg["runs"]
+                assert info["name"] == "sweep/a"
+                rec = await recv_until(ws, lambda m: m["type"] == "records", seen=seen)
+                assert rec["prev"]["offset"] == 0
+                assert [r["type"] for r in rec["records"]][:1] == ["header"]
+        asyncio.run(main())
+
+
+def _stalled_client(port):
+    """A WebSocket client that completes the handshake and then never reads, with a tiny receive
+    buffer so the server's sends stall quickly instead of after megabytes of kernel buffering."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(15)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n" % port)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)  # byte by byte: nothing after the handshake is read
+    assert head.startswith(b"HTTP/1.1 101")
+    return s
+
+
+def test_slow_client_does_not_delay_a_fast_one(logdir):
+    path = make_run(logdir, "exp1", 1)
+    with _server(logdir, client_queue_bytes=256 << 10) as h:
+        stalled = _stalled_client(h.port)
+
+        async def main():
+            async with connect(_ws_url(h)) as fast:
+                info = (await recv_json(fast))["runs"][0]
+                follow = StreamFollower({"exp1": info["cursor"]})
+                pad = "x" * 4000
+                last = 1
+                while h.stats()["lagged"] == 0 and last < 20_000:  # the stalled client never reads
+                    first, last = last + 1, last + 30
+                    append(path, [step(i, note=pad) for i in range(first, last + 1)])
+                    target = last
+                    await recv_until(fast, lambda m, t=target: follow.feed(m) and t in follow.steps("exp1"))
+                assert h.stats()["lagged"] >= 1
+                assert follow.steps("exp1") == list(range(2, last + 1))  # the fast one got everything
+                assert h.stats()["clients"] == 2
+        try:
+            asyncio.run(main())
+        finally:
+            stalled.close()
+
+
+def test_history_marks_and_downsampling_keep_spikes_and_nan(logdir):
+    recs = [header()]
+    for i in range(1, 5001):
+        extra = {}
+        if i == 1234:
+            extra = {"grad_norm": 1e9, "spike": True}
+        if i == 4321:
+            extra = {"loss": math.nan, "nonfinite": True, "skipped": True}
+        recs.append(step(i, **extra))
+    recs.append({"type": "eval", "step": 5000, "loss": 0.5, "accuracy": 0.9})
+    recs.append({"type": "event", "kind": "spike", "step": 1234, "message": "spike"})
+    append(logdir / "exp1" / "metrics.jsonl", recs)
+    with _server(logdir) as h:
+        wait_for(lambda: get_json(h.port, "/api/runs/exp1")[1]["last_step"] == 5000)
+        for query in ("?points=40", "?points=400", "?points=4000", "?points=40&start=1000&end=2000"):
+            status, hist = get_json(h.port, "/api/runs/exp1/history" + query)
+            assert status == 200
+            g = hist["series"]["grad_norm"]
+            loss = hist["series"]["loss"]
+            if "start" not in query:
+                assert dict(zip(g["step"], g["value"]))[1234] == 1e9
+                assert dict(zip(loss["step"], loss["value"]))[4321] == "NaN"
+                assert hist["eval"]["accuracy"] == {"step": [5000], "value": [0.9]}
+                kinds = {(m["step"], m["kind"]) for m in hist["marks"]}
+                assert {(1234, "spike"), (4321, "nonfinite"), (4321, "skip")} <= kinds
+            else:
+                assert 1234 in g["step"] and all(1000 <= s <= 2000 for s in g["step"])
+                assert [m["step"] for m in hist["marks"]] == [1234]
+            assert hist["exact"] is False
+            assert len(g["step"]) <= int(query.split("points=")[1].split("&")[0]) + 4
+        _, hist = get_json(h.port, "/api/runs/exp1/history?start=100&end=199&points=200")
+        assert hist["exact"] is True and hist["series"]["loss"]["step"] == list(range(100, 200))
+        assert hist["start"] == 100 and hist["end"] == 199
+
+
+def test_finished_status_is_pushed(logdir):
+    path = make_run(logdir, "exp1", 2)
+    with _server(logdir) as h:
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                assert (await recv_json(ws))["runs"][0]["status"] == "live"
+                append(path, [{"type": "end", "ts": 1.0e9, "status": "finished", "steps": 2}])
+                msg = await recv_until(ws, lambda m: m["type"] == "runs")
+                assert msg["runs"][0]["status"] == "finished"
+        asyncio.run(main())

@@ -1,0 +1,113 @@
+"""Helpers shared by the server tests (no tests here): run logs, raw HTTP, waiting on WS messages."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from gradmon.jsonl import encode_record
+
+DEADLINE_S = 15.0
+
+
+def header(run_id: str = "r0") -> dict:
+    return {"type": "header", "schema": 1, "run_id": run_id, "start_time": 1.0e9, "host": "h", "pid": 1}
+
+
+def step(i: int, **kw: Any) -> dict:
+    rec = {"type": "step", "step": i, "epoch": 1, "ts": 1.0e9 + i, "loss": 1.0 / i,
+           "grad_norm": 1.0 + (i % 5)}
+    rec.update(kw)
+    return rec
+
+
+def append(path: Path, records: list[dict]) -> None:
+    """Append records, one write() + flush per line, as the writer does."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        for r in records:
+            f.write(encode_record(r))
+            f.flush()
+
+
+def make_run(root: Path, name: str, n: int, start: int = 1) -> Path:
+    p = root / name / "metrics.jsonl"
+    append(p, ([header(name)] if start == 1 else []) + [step(i) for i in range(start, start + n)])
+    return p
+
+
+def request(port: int, path: str, method: str = "GET", headers: dict | None = None,
+            body: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One raw HTTP request (the path is sent exactly as given)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE_S)
+    try:
+        conn.putrequest(method, path, skip_accept_encoding=True)
+        for k, v in (headers or {}).items():
+            conn.putheader(k, v)
+        if body is not None:
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def get_json(port: int, path: str, **kw: Any) -> tuple[int, Any]:
+    status, _h, body = request(port, path, **kw)
+    return status, json.loads(body)
+
+
+async def recv_json(ws: Any, timeout: float = DEADLINE_S) -> dict:
+    return json.loads(await asyncio.wait_for(ws.recv(), timeout))
+
+
+async def recv_until(ws: Any, pred: Callable[[dict], bool], timeout: float = DEADLINE_S,
+                     seen: list | None = None) -> dict:
+    """Receive messages until one satisfies ``pred`` (deadline ``timeout``); keep all in ``seen``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no matching message before the deadline")
+        msg = await recv_json(ws, left)
+        if seen is not None:
+            seen.append(msg)
+        if pred(msg):
+            return msg
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = DEADLINE_S, interval: float = 0.01) -> Any:
+    """Poll a condition until it holds (deadline), for synchronous checks."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met before the deadline")
+        time.sleep(interval)
+
+
+class StreamFollower:
+    """A client that applies a ``records`` message exactly when its ``prev`` is its cursor."""
+
+    def __init__(self, cursors: dict[str, dict]) -> None:
+        self.cursors = dict(cursors)
+        self.records: dict[str, list[dict]] = {name: [] for name in cursors}
+
+    def feed(self, msg: dict) -> bool:
+        if msg.get("type") != "records" or msg["run"] not in self.cursors:
+            return False
+        if msg["prev"] != self.cursors[msg["run"]]:
+            return False
+        self.records[msg["run"]].extend(msg["records"])
+        self.cursors[msg["run"]] = msg["cursor"]
+        return True
+
+    def steps(self, run: str) -> list[int]:
+        return [r["step"] for r in self.records[run] if r["type"] == "step"]
