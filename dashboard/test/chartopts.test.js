@@ -82,3 +82,26 @@ test("formatValue trims exponent mantissas", () => {
   assert.equal(formatValue(0.00081), "8.1e-4");
   assert.equal(formatValue(25000000.5), "2.5e+7");
 });
+
+test("long curves are drawn decimated to the pixel budget, spikes and NaN kept; a window shows its own points", () => {
+  const recs = [];
+  for (let s = 1; s <= 5000; s++) recs.push({ step: s, loss: 1 + 0.01 * Math.sin(s), grad_norm: s === 2345 ? 99 : 1 + 0.01 * Math.cos(s) });
+  recs[3999].loss = "NaN";
+  const run = runWith(recs, { spikeRule: { k: 1e9 } });
+  const panels = panelsFor(run.fields());
+  const norm = panels.find((p) => p.id === "grad_norm");
+  const all = buildSeries(norm, [{ run, color: "#000" }], { maxPoints: 400 });
+  const raw = all.series.find((s) => s.id === "r|grad_norm|raw").data;
+  assert.ok(raw.length <= 400 && raw.length > 100, String(raw.length));
+  assert.ok(raw.some((p) => p[2] === 2345 && p[1] === 99));
+  const loss = buildSeries(panels[0], [{ run, color: "#000" }], { maxPoints: 400, smoothing: 0.5 });
+  const lraw = loss.series.find((s) => s.id === "r|loss|raw").data;
+  assert.ok(lraw.some((p) => p[2] === 4000 && p[1] === null)); // the NaN step is still there
+  assert.equal(loss.series.find((s) => s.id === "r|loss|smooth").data.length, lraw.length);
+  assert.equal(loss.markerPoints, 1);
+  // zoomed to [1000, 1100]: every step of the window (plus a margin) at full resolution
+  const win = buildSeries(norm, [{ run, color: "#000" }], { maxPoints: 400, window: { startValue: 1000, endValue: 1100 } });
+  const steps = win.series.find((s) => s.id === "r|grad_norm|raw").data.map((p) => p[2]);
+  for (let s = 1000; s <= 1100; s++) assert.ok(steps.includes(s));
+  assert.ok(steps.length < 200);
+});

@@ -68,14 +68,18 @@
       this._syncPanels(panels);
       const extent = this._extent(entries, settings.xMode);
       this.extent = extent;
+      const zoomed = this.pct[0] > 0.01 || this.pct[1] < 99.99;
+      const win = zoomed ? this._values(this.pct) : null; // from the current extent: right while streaming
+      const drawSettings = Object.assign({}, settings, { maxPoints: Math.round(2 * this.chartWidth()), window: win });
       const versions = entries.map((e) => e.run.name + ":" + e.run.version + ":" + e.color).join(",");
       for (const panel of panels) {
         const p = this.panels.get(panel.id);
         const log = !!(panel.logToggle && settings.log);
-        const key = [versions, settings.xMode, settings.smoothing, log, extent.min, extent.max].join("|");
+        const key = [versions, settings.xMode, settings.smoothing, log, extent.min, extent.max,
+          win ? win.startValue + ":" + win.endValue : "", drawSettings.maxPoints].join("|");
         if (p.key === key) continue;
         p.key = key;
-        const built = L.buildSeries(panel, entries, settings);
+        const built = L.buildSeries(panel, entries, drawSettings);
         p.markerPoints = built.markerPoints;
         p.series = built.series;
         const time = settings.xMode === "wall";
@@ -224,6 +228,7 @@
       this.zoomTimer = setTimeout(() => {
         const full = this.pct[0] <= 0.01 && this.pct[1] >= 99.99;
         this.zoom = full ? null : this._values(this.pct);
+        this.markDirty(); // redraw the curves at full resolution for the new window
         this.app.onZoomEnd(this.zoom);
       }, 350);
     }

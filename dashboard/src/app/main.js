@@ -65,10 +65,23 @@
   }
 
   function setRunsInfo(list) {
-    const replays = Array.from(state.runsInfo.values()).filter((r) => r.status === "replay");
+    const old = state.runsInfo;
     state.runsInfo = new Map();
     for (const r of list || []) state.runsInfo.set(r.name, r);
-    for (const r of replays) state.runsInfo.set(r.name, r);
+    for (const r of old.values()) {
+      if (state.runsInfo.has(r.name)) continue;
+      // Replays stay; a selected run whose file went away stays drawn, marked as such.
+      if (r.status === "replay") state.runsInfo.set(r.name, r);
+      else if (state.selected.includes(r.name)) state.runsInfo.set(r.name, Object.assign({}, r, { status: "removed" }));
+    }
+    for (const r of list || []) {
+      const run = state.runs.get(r.name);
+      // A run reset to an empty new file (gen null) is fetched again once it has lines.
+      if (run && run.awaitingFile && r.cursor && r.cursor.gen) {
+        run.awaitingFile = false;
+        loadRun(r.name);
+      }
+    }
     if (!state.userChoseRuns && state.selected.length === 0) {
       const n = newestRun();
       if (n) selectRun(n, true, false);
@@ -113,6 +126,7 @@
     if (h.max_norm !== undefined && h.max_norm !== null) parts.push("max_norm " + L.formatValue(L.decodeNumber(h.max_norm)));
     if (h.spike_mode) parts.push("spike_mode " + h.spike_mode);
     if (info.records !== undefined) parts.push(info.records + " records");
+    if (info.malformed) parts.push(info.malformed + " malformed lines skipped");
     return parts.join("\n");
   }
 
@@ -231,9 +245,19 @@
       case "records":
         onRecords(msg);
         break;
-      case "reset":
+      case "reset": {
+        const run = state.runs.get(msg.run);
+        if (!run) break;
+        if (msg.cursor && msg.cursor.gen === null) {
+          // Truncated or replaced by a file with no complete line yet: empty until it has one.
+          run.loadHistory({ cursor: null, exact: true });
+          run.awaitingFile = true;
+          changed();
+        } else loadRun(msg.run);
+        break;
+      }
       case "lagged":
-        if (state.runs.has(msg.run) && !state.loading.has(msg.run)) loadRun(msg.run);
+        if (state.runs.has(msg.run)) loadRun(msg.run); // records were dropped: refetch the history
         break;
       case "error":
         console.warn("gradmon server:", msg.error);

@@ -2,7 +2,7 @@
 (function (root, factory) {
   "use strict";
   const isNode = typeof module !== "undefined" && module.exports;
-  const deps = isNode ? Object.assign({}, require("./smoothing.js")) : root.GradmonLib;
+  const deps = isNode ? Object.assign({}, require("./smoothing.js"), require("./decimate.js")) : root.GradmonLib;
   const api = factory(deps);
   if (isNode) module.exports = api;
   else Object.assign((root.GradmonLib = root.GradmonLib || {}), api);
@@ -66,7 +66,11 @@
   /**
    * The ECharts series of one chart panel for the given runs.
    *
-   * entries: [{run: RunData, color}]; settings: {xMode, smoothing (EMA weight in [0,1)), log}.
+   * entries: [{run: RunData, color}]; settings: {xMode, smoothing (EMA weight in [0,1)), log,
+   * maxPoints, window}. A curve longer than `maxPoints` is drawn from its points in `window`
+   * ({startValue, endValue} in x units, null = all) reduced by min/max decimation to about
+   * `maxPoints` (spikes and non-finite points always kept): the chart never holds more points than
+   * it has pixels to show, whatever the memory holds.
    * Each data item is [x, y, step]. Non-finite values become a gap-free line (connectNulls) plus a
    * red triangle marker at the last finite value before them (pointing down for -Infinity); spikes
    * (grad-norm chart) become red rings at their value; the clip threshold `max_norm` a dashed line.
@@ -83,7 +87,7 @@
         if (!v.steps.length) continue;
         const isEval = field.startsWith("eval/");
         const xs = v.steps.map((s) => xOf(run, s, mode));
-        const raw = [];
+        let raw = [];
         const markers = [];
         let lastFinite = null;
         let pendingFirst = []; // non-finite before any finite value: anchor at the first finite later
@@ -110,8 +114,18 @@
           }
         }
         const label = isEval ? run.name + " · " + field : run.name;
-        const sparse = raw.length <= 60 || isEval; // a few points: show them as dots, not just a line
         const smooth = alpha > 0 && !isEval;
+        let smoothed = null;
+        if (smooth) {
+          const sm = lib.emaDebiased(raw.map((p) => (p[1] === null ? NaN : p[1])), alpha);
+          smoothed = raw.map((p, i) => [p[0], Number.isFinite(sm[i]) ? sm[i] : null, p[2]]);
+        }
+        const shown = displayIndices(raw, settings.maxPoints, settings.window);
+        if (shown) {
+          raw = shown.map((i) => raw[i]);
+          if (smoothed) smoothed = shown.map((i) => smoothed[i]);
+        }
+        const sparse = raw.length <= 60 || isEval; // a few points: show them as dots, not just a line
         series.push({
           id: run.name + "|" + field + "|raw",
           name: label,
@@ -127,13 +141,12 @@
           z: 2,
           markLine: panel.spikes && run.maxNorm !== null && field === "grad_norm" ? thresholdLine(run.maxNorm, color) : undefined,
         });
-        if (smooth) {
-          const sm = lib.emaDebiased(raw.map((p) => (p[1] === null ? NaN : p[1])), alpha);
+        if (smoothed) {
           series.push({
             id: run.name + "|" + field + "|smooth",
             name: label + " (smoothed)",
             type: "line",
-            data: raw.map((p, i) => [p[0], Number.isFinite(sm[i]) ? sm[i] : null, p[2]]),
+            data: smoothed,
             color,
             showSymbol: false,
             connectNulls: true,
@@ -187,6 +200,48 @@
     return { series, log, markerPoints };
   }
 
+  /**
+   * Indices of `points` ([x, y, step], x ascending) to draw, or null for all: those within the
+   * window widened by a quarter on each side (so a small pan shows no hole before the next redraw),
+   * decimated min/max to about `maxPoints`, plus one point beyond each edge to keep the line going.
+   */
+  function displayIndices(points, maxPoints, win) {
+    const n = points.length;
+    if (!(maxPoints > 0) || n <= maxPoints) return null;
+    let lo = 0;
+    let hi = n;
+    if (win && Number.isFinite(win.startValue) && Number.isFinite(win.endValue)) {
+      const pad = (win.endValue - win.startValue) / 4;
+      lo = Math.max(0, firstAtLeast(points, win.startValue - pad) - 1);
+      hi = Math.min(n, firstAtLeast(points, win.endValue + pad + 1e-9) + 1);
+    }
+    if (hi - lo <= maxPoints) return range(lo, hi);
+    const xs = [];
+    const ys = [];
+    for (let i = lo; i < hi; i++) {
+      xs.push(points[i][0]);
+      ys.push(points[i][1] === null ? NaN : points[i][1]);
+    }
+    return lib.decimateMinMax(xs, ys, maxPoints).kept.map((i) => i + lo);
+  }
+
+  function firstAtLeast(points, x) {
+    let a = 0;
+    let b = points.length;
+    while (a < b) {
+      const m = (a + b) >> 1;
+      if (points[m][0] < x) a = m + 1;
+      else b = m;
+    }
+    return a;
+  }
+
+  function range(a, b) {
+    const out = [];
+    for (let i = a; i < b; i++) out.push(i);
+    return out;
+  }
+
   function thresholdLine(maxNorm, color) {
     return {
       silent: true,
@@ -197,5 +252,5 @@
     };
   }
 
-  return { KNOWN_PANELS: KNOWN, MARK_COLOR, panelsFor, buildSeries, formatValue, xOf };
+  return { KNOWN_PANELS: KNOWN, MARK_COLOR, panelsFor, buildSeries, displayIndices, formatValue, xOf };
 });
