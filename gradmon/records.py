@@ -85,7 +85,12 @@ def events_for_step(record: Mapping[str, Any], ts: float | None = None) -> list[
             "loss": loss, "grad_norm": norm,
         })
     elif skipped:
-        reason = "loss-scale overflow" if record.get("overflow") else "skip rule"
+        if record.get("spike"):
+            reason = "spike rule"
+        elif "loss_scale" in record:
+            reason = "loss-scale overflow"
+        else:
+            reason = "skip rule"
         events.append({
             "type": "event", "kind": "skip", "step": step, "ts": ts,
             "message": f"update skipped ({reason})", "grad_norm": norm,
