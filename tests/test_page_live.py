@@ -35,6 +35,21 @@ if not (STATIC / "index.html").exists():
     pytest.skip("gradmon/static is not built (make dashboard)", allow_module_level=True)
 
 sync_api = pytest.importorskip("playwright.sync_api")
+
+
+def _stale_build() -> list[str]:
+    """Sources of the page that differ from their copy in gradmon/static (edited, not rebuilt)."""
+    src = ROOT / "dashboard" / "src"
+    files = [*src.glob("*.html"), *src.glob("*.css"), *src.glob("*/*.js")]
+    out = {f.name: STATIC / f.name for f in files}
+    return [f.name for f in files if not out[f.name].exists() or out[f.name].read_bytes() != f.read_bytes()]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built_page_is_current() -> None:
+    stale = _stale_build()
+    if stale:
+        pytest.fail(f"gradmon/static is older than dashboard/src ({', '.join(stale)}): run make dashboard")
 start_server = pytest.importorskip("gradmon.server.app").start_server
 
 
@@ -228,20 +243,20 @@ def test_zoom_fetches_full_resolution_of_a_downsampled_run(logdir: Path, browser
 
 
 def test_overlay_runs_newest_selected_by_default(logdir: Path, page: Page) -> None:
-    append(logdir / "old" / "metrics.jsonl", [header()] + [step(s, t0=T0) for s in range(1, 21)])
+    append(logdir / "sweep" / "old" / "metrics.jsonl", [header()] + [step(s, t0=T0) for s in range(1, 21)])
     later = T0 + 3600
     append(logdir / "new" / "metrics.jsonl", [header(t0=later)] + [step(s, t0=later) for s in range(1, 11)])
     with start_server(logdir, "127.0.0.1", port=0) as server:
         page.page.goto(server.url)
         page.wait("window.gradmon && window.gradmon.pointCount('new', 'loss') === 10")
         assert page.eval("window.gradmon.selected()") == ["new"]
-        assert page.eval("window.gradmon.pointCount('old', 'loss')") == 0
-        page.page.locator("#runs li[data-run='old'] input[type=checkbox]").check()
-        page.wait("window.gradmon.pointCount('old', 'loss') === 20")
+        assert page.eval("window.gradmon.pointCount('sweep/old', 'loss')") == 0
+        page.page.locator("#runs li[data-run='sweep/old'] input[type=checkbox]").check()
+        page.wait("window.gradmon.pointCount('sweep/old', 'loss') === 20")
         ids = page.wait("""(() => { const p = window.gradmon.board.panels.get('loss');
                                     const s = p && p.series.filter(s => s.id.endsWith('|raw'));
                                     return s && s.length === 2 ? s.map(s => [s.id, s.color]) : null })()""")
-        assert sorted(i for i, _ in ids) == ["new|loss|raw", "old|loss|raw"]
+        assert sorted(i for i, _ in ids) == ["new|loss|raw", "sweep/old|loss|raw"]
         assert ids[0][1] != ids[1][1]  # distinct colours
         # x by relative time: both runs start near 0 though they started an hour apart
         page.page.select_option("#xmode", "relative")
@@ -309,6 +324,14 @@ def test_offline_replay_from_disk(tmp_path: Path, page: Page) -> None:
     assert [(m["step"], m["label"]) for m in marks] == [(50, "NaN")]
     page.wait("document.querySelectorAll('.chart-card canvas').length >= 5")
     page.shot("offline")
+    # dropping a file onto the page replays it too
+    dropped = encode_record(step(1)) + encode_record(step(2, loss="Infinity"))
+    page.eval("""(text) => { const dt = new DataTransfer();
+        dt.items.add(new File([text], 'dropped.jsonl'));
+        window.dispatchEvent(new DragEvent('drop', {dataTransfer: dt, cancelable: true})); }""",
+              dropped)
+    page.wait("window.gradmon.pointCount('replay: dropped.jsonl', 'loss') === 2")
+    assert page.eval("window.gradmon.selected()") == ["replay: metrics.jsonl", "replay: dropped.jsonl"]
     # offline: nothing but the page's own files was requested, no API and no WebSocket
     assert page.requests and all(u.startswith("file://") or u.startswith("data:") for u in page.requests)
     assert page.errors == []
