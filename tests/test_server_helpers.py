@@ -45,8 +45,9 @@ def request(port: int, path: str, method: str = "GET", headers: dict | None = No
     """One raw HTTP request (the path is sent exactly as given)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE_S)
     try:
-        conn.putrequest(method, path, skip_accept_encoding=True)
-        for k, v in (headers or {}).items():
+        hdrs = headers or {}
+        conn.putrequest(method, path, skip_host="Host" in hdrs, skip_accept_encoding=True)
+        for k, v in hdrs.items():
             conn.putheader(k, v)
         if body is not None:
             conn.putheader("Content-Length", str(len(body)))

@@ -34,7 +34,7 @@ from websockets.http11 import Request, Response
 from gradmon.jsonl import RecordError, decode_line
 from gradmon.server import auth
 from gradmon.server.hub import CLIENT_QUEUE_BYTES, Client, dumps, records_message
-from gradmon.server.index import series_from_lines
+from gradmon.server.index import merge_series, series_from_lines
 from gradmon.server.responses import PAGE_CSP, HttpError, content_type, json_response, response, safe_relpath
 from gradmon.server.runs import Run, discover_runs
 from gradmon.server.tail import read_lines
@@ -390,8 +390,8 @@ class GradmonServer:
 
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         self.requests += 1
-        accept = request.headers.get("Accept-Encoding")
         try:
+            accept = ",".join(request.headers.get_all("Accept-Encoding"))
             return await self._route(request, accept)
         except HttpError as exc:
             return json_response(exc.status, {"error": exc.message}, exc.headers)
@@ -399,16 +399,24 @@ class GradmonServer:
             log.exception("request %s failed", request.path[:200])
             return json_response(500, {"error": "internal error; see the server log"})
 
+    @staticmethod
+    def _header(request: Request, name: str) -> str | None:
+        """A request header that must appear at most once (400 when repeated)."""
+        values = request.headers.get_all(name)
+        if len(values) > 1:
+            raise HttpError(400, f"repeated header {name}")
+        return values[0] if values else None
+
     def _check_access(self, request: Request, query: dict[str, list[str]]) -> str | None:
         """Refuse (403) a request without the token or with a foreign Host; return the query token
         when it was given and valid (the page then gets it as a cookie)."""
-        host = request.headers.get("Host")
+        host = self._header(request, "Host")
         if self.token is None:
             if not auth.host_allowed(host, self.host):
                 raise HttpError(403, f"Host {str(host)[:100]!r} is not this server; use http://127.0.0.1:{self.port}/")
             return None
-        given = auth.request_token(query, request.headers.get("Authorization"),
-                                   request.headers.get("Cookie"), self.port)
+        given = auth.request_token(query, self._header(request, "Authorization"),
+                                   self._header(request, "Cookie"), self.port)
         if not auth.token_ok(self.token, given):
             raise HttpError(403, "missing or wrong token: open the URL that `gradmon serve` printed")
         return query["token"][0] if query.get("token") else None
@@ -425,7 +433,7 @@ class GradmonServer:
         query = parse_qs(url.query, keep_blank_values=True, max_num_fields=50) if url.query else {}
         query_token = self._check_access(request, query)
         if path == "/ws":
-            if not auth.origin_allowed(request.headers.get("Origin"), request.headers.get("Host")):
+            if not auth.origin_allowed(self._header(request, "Origin"), self._header(request, "Host")):
                 raise HttpError(403, "cross-origin WebSocket refused")
             return None  # the WebSocket handshake proceeds
         if path in ("/", "/index.html"):
@@ -525,6 +533,15 @@ class GradmonServer:
             "events_dropped": idx.events_dropped,
         }
         series = plan.series
+        if plan.kind == "pyramid" and plan.edges:
+            edge_series = []
+            for lo_b, hi_b in plan.edges:  # each edge bucket: first/last/min/max within the range
+                lines = await asyncio.to_thread(read_lines, run.path, lo_b, min(hi_b, cursor["offset"]))
+                edge_series.append(series_from_lines(lines, lo, hi, 4)[0])
+            if run.gen != cursor["gen"] or run.index is not idx:
+                return None
+            for extra in edge_series:
+                merge_series(series, extra)
         if plan.kind != "pyramid":
             hi_byte = min(plan.byte_hi, cursor["offset"])
             lines = await asyncio.to_thread(read_lines, run.path, plan.byte_lo, hi_byte)

@@ -26,7 +26,10 @@ from typing import Any
 from gradmon.jsonl import RecordError, decode_line
 from gradmon.server.downsample import downsample_indices
 
-__all__ = ["BUCKET", "FANOUT", "HistoryPlan", "RunIndex", "Summary", "merge_summaries", "series_from_lines"]
+__all__ = [
+    "BUCKET", "FANOUT", "HistoryPlan", "RunIndex", "Summary", "merge_series", "merge_summaries",
+    "series_from_lines",
+]
 
 BUCKET = 128  # step records per base bucket
 FANOUT = 4  # buckets of a level per bucket of the level above
@@ -165,6 +168,9 @@ class HistoryPlan:
     series: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
     byte_lo: int = 0
     byte_hi: int = 0
+    # Pyramid plans: byte ranges of the base buckets that straddle the range's ends, to read back
+    # exactly (a bucket's min/max may lie outside the range) and merge with merge_series().
+    edges: list[tuple[int, int]] = field(default_factory=list)
 
 
 class RunIndex:
@@ -344,7 +350,7 @@ class RunIndex:
         while True:
             top = max((lv for lv, _ in nodes), default=0)
             if top <= 0:
-                return nodes
+                return self._refine_edges(nodes, start, end)
             refined: list[tuple[int, int]] = []
             for lv, i in nodes:
                 if lv != top:
@@ -354,8 +360,29 @@ class RunIndex:
                     if self._overlaps((lv - 1, c), start, end):
                         refined.append((lv - 1, c))
             if len(refined) > max_nodes:
-                return nodes
+                return self._refine_edges(nodes, start, end)
             nodes = refined
+
+    def _partial(self, node: tuple[int, int], start: float, end: float) -> bool:
+        s = self._node(node)
+        return s.lo < start or s.hi > end
+
+    def _refine_edges(self, nodes: list[tuple[int, int]], start: float, end: float) -> list[tuple[int, int]]:
+        """Split nodes that only partly overlap the range down to base buckets: their min/max may
+        lie outside the range, so the caller reads those few buckets back from the file."""
+        while True:
+            out: list[tuple[int, int]] = []
+            split = False
+            for lv, i in nodes:
+                if lv > 0 and self._partial((lv, i), start, end):
+                    split = True
+                    out.extend((lv - 1, c) for c in range(i * FANOUT, i * FANOUT + FANOUT)
+                               if self._overlaps((lv - 1, c), start, end))
+                else:
+                    out.append((lv, i))
+            if not split:
+                return out
+            nodes = out
 
     def _node_end(self, node: tuple[int, int], cursor: int) -> int:
         """Byte offset just after the records of a base node (or the open bucket)."""
@@ -383,14 +410,17 @@ class RunIndex:
                     byte_hi=self._node_end(fine[-1], cursor),
                 )
         series: dict[str, tuple[list[int], list[float]]] = {}
-        summaries = [self._node(nd) for nd in nodes]
+        inner = [nd for nd in nodes if not self._partial(nd, start, end)]
+        edges = [(self._node(nd).offset, self._node_end(nd, cursor)) for nd in nodes
+                 if self._partial(nd, start, end)]  # base buckets only, after _refine_edges
+        summaries = [self._node(nd) for nd in inner]
         for name in self.fields:
             pts: list[tuple[int, float]] = []
             for s in summaries:
-                pts.extend(p for p in s.points(name) if start <= p[0] <= end)
+                pts.extend(s.points(name))
             series[name] = ([p[0] for p in pts], [p[1] for p in pts])
         self._add_marks_to(series, start, end)
-        return HistoryPlan(kind="pyramid", series=series)
+        return HistoryPlan(kind="pyramid", series=series, edges=edges)
 
     def _add_marks_to(self, series: dict[str, tuple[list[int], list[float]]], start: float,
                       end: float) -> None:
@@ -399,10 +429,7 @@ class RunIndex:
         for step, _kind, name, value in self.marks:
             if start <= step <= end and value is not None and name in series:
                 extra.setdefault(name, []).append((step, value))
-        for name, pts in extra.items():
-            steps, values = series[name]
-            merged = sorted(set(zip(steps, values)) | set(pts), key=lambda p: p[0])
-            series[name] = ([p[0] for p in merged], [p[1] for p in merged])
+        merge_series(series, {n: ([p[0] for p in pts], [p[1] for p in pts]) for n, pts in extra.items()})
 
     def marks_in(self, start: float, end: float) -> list[dict]:
         return [{"step": s, "kind": k, "field": f, "value": v}
@@ -435,6 +462,27 @@ class RunIndex:
             "fields": list(self.fields),
             "eval_fields": list(self.eval),
         }
+
+
+def merge_series(into: dict[str, tuple[list[int], list[float]]],
+                 extra: dict[str, tuple[list[int], list[float]]]) -> None:
+    """Add ``extra``'s points to ``into`` (in place), keeping each series in step order."""
+    for name, (steps, values) in extra.items():
+        if not steps:
+            continue
+        old_s, old_v = into.get(name, ([], []))
+        pts = sorted(set(zip(old_s, values_key(old_v))) | set(zip(steps, values_key(values))),
+                     key=lambda p: p[0])
+        into[name] = ([p[0] for p in pts], [_unkey(p[1]) for p in pts])
+
+
+def values_key(values: Iterable[float]) -> list[Any]:
+    """Values made hashable-and-equal for de-duplication (NaN != NaN otherwise)."""
+    return [("nan",) if isinstance(v, float) and math.isnan(v) else v for v in values]
+
+
+def _unkey(v: Any) -> float:
+    return math.nan if v == ("nan",) else v
 
 
 def series_from_lines(lines: Iterable[tuple[int, bytes | None]], start: float, end: float,

@@ -1,0 +1,81 @@
+"""Message shapes of docs/protocol.md, and the per-client bounded queue (lagged) logic."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+from test_server_helpers import make_run
+
+from gradmon.server.hub import Client, dumps, records_message
+from gradmon.server.runs import Run
+
+
+def test_records_message_embeds_raw_strict_lines():
+    lines = [b'{"type":"step","step":1,"loss":"NaN"}', b'{"type":"eval","step":1,"acc":0.5}']
+    msg = json.loads(records_message("a/b", "g1", 10, 99, lines))
+    assert msg == {"type": "records", "run": "a/b", "prev": {"gen": "g1", "offset": 10},
+                   "cursor": {"gen": "g1", "offset": 99},
+                   "records": [{"type": "step", "step": 1, "loss": "NaN"},
+                               {"type": "eval", "step": 1, "acc": 0.5}]}
+    assert json.loads(records_message("r", "g", 5, 5, []))["records"] == []
+
+
+def test_dumps_never_writes_bare_nan():
+    text = dumps({"v": [math.nan, math.inf, -math.inf, 1.5]})
+    assert text == '{"v":["NaN","Infinity","-Infinity",1.5]}'
+
+
+def test_run_info_has_the_documented_keys(tmp_path):
+    path = make_run(tmp_path, "exp1", 3)
+    run = Run("exp1", str(path))
+    run.poll()
+    run.update_status()
+    info = run.info()
+    documented = {"name", "status", "records", "last_step", "first_ts", "last_ts", "header", "fields",
+                  "cursor"}
+    added = {"malformed", "eval_fields", "indexing"}
+    assert set(info) == documented | added
+    assert info["status"] == "live" and info["records"] == 4 and info["last_step"] == 3
+    assert info["fields"] == ["loss", "grad_norm"]
+    assert info["cursor"] == {"gen": run.gen, "offset": path.stat().st_size}
+    json.loads(dumps(info))  # serialisable
+
+
+def test_client_queue_overflow_drops_backlog_and_sends_lagged_with_cursor():
+    async def main():
+        sent = []
+        gate = asyncio.Event()
+
+        async def send(text):
+            await gate.wait()
+            sent.append(json.loads(text))
+
+        c = Client(send, max_bytes=1000)
+        c.push(dumps({"type": "hello", "runs": []}))
+        c.pos["a"] = ("g", 0)
+        for i in range(20):
+            c.pos["a"] = ("g", (i + 1) * 100)
+            accepted = c.push(records_message("a", "g", i * 100, (i + 1) * 100, [b'{"type":"x"}' * 10]), "a")
+            if not accepted:
+                break
+        assert not accepted and c.lag_count == 1
+        assert c.queued_bytes <= 1000
+        task = asyncio.create_task(c.run_sender())
+        gate.set()
+        while len(sent) < 2:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        assert sent[0]["type"] == "hello"  # non-records messages are never dropped
+        assert sent[-1] == {"type": "lagged", "run": "a", "cursor": {"gen": "g", "offset": c.pos["a"][1]}}
+        assert all(m["type"] != "records" for m in sent)
+    asyncio.run(main())
+
+
+def test_a_single_big_message_is_not_a_backlog():
+    async def main():
+        c = Client(lambda t: asyncio.sleep(0), max_bytes=10)
+        assert c.push(records_message("a", "g", 0, 1, [b"{}"] * 100), "a")
+        assert c.lag_count == 0
+    asyncio.run(main())

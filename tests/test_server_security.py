@@ -1,0 +1,210 @@
+"""Bad requests get clear 4xx answers and never kill the server: traversal, unknown runs, bad
+parameters, non-GET, foreign Origin/Host, missing token, garbage and oversize WS frames."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+
+import pytest
+from test_server_helpers import get_json, make_run, recv_json, recv_until, request
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from gradmon.server import start_server
+from gradmon.server.app import _resolve_token
+
+
+@pytest.fixture
+def served(tmp_path):
+    logdir = tmp_path / "logs"
+    make_run(logdir, "exp1", 10)
+    (tmp_path / "secret.txt").write_text("top secret")
+    static = tmp_path / "static"
+    static.mkdir()
+    (static / "index.html").write_text("<!doctype html><title>page</title>")
+    (static / "app.js").write_text("console.log(1)")
+    (static / "leak.txt").symlink_to(tmp_path / "secret.txt")
+    with start_server(logdir, port=0, static_dir=static) as h:
+        yield h
+
+
+def _alive(h):
+    status, body = get_json(h.port, "/api/runs")
+    assert status == 200 and body["runs"][0]["name"] == "exp1"
+
+
+@pytest.mark.parametrize("path", [
+    "/static/../../secret.txt",
+    "/static/%2e%2e/%2e%2e/secret.txt",
+    "/static/..%2f..%2fsecret.txt",
+    "/static//etc/passwd",
+    "/static/%2Fetc%2Fpasswd",
+    "/static/a%5c..%5csecret.txt",
+    "/static/%00",
+    "/static/%ff%fe",
+    "/static/leak.txt",  # a symlink out of the static directory
+    "/api/runs/..%2F..%2Fsecret.txt/history",
+    "/api/runs/%2e%2e/history",
+    "/api/runs/exp1/../../secret.txt",
+    "/api/runs/nope/history",
+    "/api/runs/nope",
+    "/etc/passwd",
+    "/../secret.txt",
+    "/api/runs/exp1/history/extra",
+])
+def test_traversal_and_unknown_paths_are_refused(served, path):
+    status, _headers, body = request(served.port, path)
+    assert status in (400, 404), (path, status)
+    assert b"top secret" not in body
+    assert "error" in json.loads(body)
+    _alive(served)
+
+
+@pytest.mark.parametrize("query", [
+    "points=abc", "points=1", "points=100001", "points=", "start=x", "end=1.5", "start=5&end=1",
+])
+def test_bad_history_parameters_are_400(served, query):
+    status, body = get_json(served.port, "/api/runs/exp1/history?" + query)
+    if query == "points=":  # empty means default
+        assert status == 200
+    else:
+        assert status == 400 and "error" in body
+    _alive(served)
+
+
+def test_non_get_is_405_and_bodies_are_400(served):
+    for method in ("POST", "PUT", "DELETE", "HEAD"):
+        status, headers, _ = request(served.port, "/api/runs", method=method)
+        assert status == 405 and headers["allow"] == "GET"
+    with pytest.raises(http.client.RemoteDisconnected):  # the HTTP parser refuses request bodies
+        request(served.port, "/api/runs", method="POST", body=b'{"x":1}')
+    _alive(served)
+
+
+def test_foreign_host_header_is_refused(served):
+    status, _, body = request(served.port, "/api/runs", headers={"Host": "evil.example:80"})
+    assert status == 403 and b"not this server" in body
+    status, _, _ = request(served.port, "/api/runs", headers={"Host": f"localhost:{served.port}"})
+    assert status == 200
+    # a repeated Host header is ambiguous: refused, not guessed
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=15)
+    conn.putrequest("GET", "/api/runs", skip_host=True)
+    conn.putheader("Host", "127.0.0.1")
+    conn.putheader("Host", "evil.example")
+    conn.endheaders()
+    assert conn.getresponse().status == 400
+    conn.close()
+
+
+def test_page_and_static_files(served, tmp_path):
+    status, headers, body = request(served.port, "/")
+    assert status == 200 and b"<title>page</title>" in body
+    assert "script-src 'self'" in headers["content-security-policy"]
+    status, headers, body = request(served.port, "/static/app.js")
+    assert status == 200 and body == b"console.log(1)" and "javascript" in headers["content-type"]
+
+
+def test_missing_dashboard_gives_a_clear_page(tmp_path):
+    with start_server(tmp_path, port=0, static_dir=tmp_path / "nothing") as h:
+        status, headers, body = request(h.port, "/")
+        assert status == 503 and b"make dashboard" in body and headers["content-type"].startswith("text/html")
+
+
+def test_websocket_origin_check(served):
+    async def main():
+        with pytest.raises(InvalidStatus) as exc:
+            async with connect(f"ws://127.0.0.1:{served.port}/ws", origin="http://evil.example"):
+                pass
+        assert exc.value.response.status_code == 403
+        same = f"http://127.0.0.1:{served.port}"
+        async with connect(f"ws://127.0.0.1:{served.port}/ws", origin=same) as ws:
+            assert (await recv_json(ws))["type"] == "hello"
+    asyncio.run(main())
+
+
+def test_garbage_websocket_messages_get_errors_and_the_connection_stays(served):
+    async def main():
+        async with connect(f"ws://127.0.0.1:{served.port}/ws") as ws:
+            hello = await recv_json(ws)
+            cursor = hello["runs"][0]["cursor"]
+            bad = [
+                "garbage", "[1, 2]", '"str"', '{"type": "nope"}', '{"no": "type"}', b"\x00\x01binary",
+                '{"type": "subscribe"}', '{"type": "subscribe", "runs": [1]}',
+                '{"type": "subscribe", "runs": {"missing-run": null}}',
+                '{"type": "subscribe", "runs": {"exp1": {"gen": 5, "offset": 0}}}',
+                '{"type": "subscribe", "runs": {"exp1": {"gen": "g", "offset": -1}}}',
+                '{"type": "subscribe", "runs": {"exp1": {"gen": "g", "offset": true}}}',
+                '{"type": "subscribe", "runs": {"exp1": "x"}}',
+            ]
+            for msg in bad:
+                await ws.send(msg)
+                err = await recv_until(ws, lambda m: m["type"] == "error")
+                assert isinstance(err["error"], str) and err["error"]
+            # still subscribed and usable
+            await ws.send(json.dumps({"type": "subscribe", "runs": {"exp1": cursor}}))
+            await ws.send("garbage")
+            assert (await recv_until(ws, lambda m: m["type"] == "error"))["type"] == "error"
+    asyncio.run(main())
+    _alive(served)
+
+
+def test_oversize_frame_closes_only_that_connection(served):
+    async def main():
+        async with connect(f"ws://127.0.0.1:{served.port}/ws") as other:
+            await recv_json(other)
+            async with connect(f"ws://127.0.0.1:{served.port}/ws", max_size=None) as ws:
+                await recv_json(ws)
+                await ws.send("x" * (2 << 20))
+                with pytest.raises(ConnectionClosed) as exc:
+                    await asyncio.wait_for(ws.recv(), 15)
+                assert exc.value.rcvd is not None and exc.value.rcvd.code == 1009
+            await other.send("garbage")  # the other connection is unaffected
+            assert (await recv_json(other))["type"] == "error"
+    asyncio.run(main())
+    _alive(served)
+
+
+def test_token_is_required_when_set(tmp_path):
+    logdir = tmp_path / "logs"
+    make_run(logdir, "exp1", 2)
+    static = tmp_path / "static"
+    static.mkdir()
+    (static / "index.html").write_text("page")
+    (static / "app.js").write_text("js")
+    with start_server(logdir, port=0, token="s3cret", static_dir=static) as h:
+        assert h.url.endswith("/?token=s3cret")
+        port = h.port
+        assert request(port, "/api/runs")[0] == 403
+        assert request(port, "/api/runs?token=wrong")[0] == 403
+        assert request(port, "/")[0] == 403
+        assert request(port, "/static/app.js")[0] == 403
+        assert request(port, "/api/runs?token=s3cret")[0] == 200
+        assert request(port, "/api/runs", headers={"Authorization": "token s3cret"})[0] == 200
+        status, headers, _ = request(port, "/?token=s3cret")
+        assert status == 200
+        cookie = headers["set-cookie"].split(";")[0]
+        assert cookie == f"gradmon-token-{port}=s3cret" and "HttpOnly" in headers["set-cookie"]
+        assert request(port, "/static/app.js", headers={"Cookie": cookie})[0] == 200
+        assert request(port, "/static/app.js", headers={"Cookie": f"gradmon-token-{port}=no"})[0] == 403
+
+        async def main():
+            with pytest.raises(InvalidStatus) as exc:
+                async with connect(f"ws://127.0.0.1:{port}/ws"):
+                    pass
+            assert exc.value.response.status_code == 403
+            async with connect(f"ws://127.0.0.1:{port}/ws?token=s3cret") as ws:
+                assert (await recv_json(ws))["type"] == "hello"
+        asyncio.run(main())
+
+
+def test_non_loopback_bind_always_gets_a_token():
+    assert _resolve_token("127.0.0.1", None) is None
+    assert _resolve_token("localhost", None) is None
+    t = _resolve_token("0.0.0.0", None)
+    assert isinstance(t, str) and len(t) >= 24
+    assert _resolve_token("0.0.0.0", None) != t
+    assert _resolve_token("10.1.2.3", "mine") == "mine"
+    with pytest.raises(ValueError):
+        _resolve_token("127.0.0.1", "")
