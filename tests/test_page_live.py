@@ -209,6 +209,13 @@ def test_history_then_live_points_nan_marker_and_spike_banner(logdir: Path, page
         page.wait("window.gradmon.zoom().start === 0 && window.gradmon.zoom().end === 100")
         shot = page.shot("live")
         assert shot.stat().st_size > 10_000
+        # nothing is loaded from anywhere but the server (no CDN)
+        origin = server.url.split("?")[0].rstrip("/")
+        assert page.requests and all(u.startswith((origin, "ws://127.0.0.1", "data:")) for u in page.requests)
+        # about two history points per pixel of chart width
+        width = page.eval("document.querySelector('.chart').clientWidth")
+        first = next(u for u in page.requests if "/history?" in u)
+        assert abs(int(first.split("points=")[1].split("&")[0]) - 2 * width) <= 0.25 * 2 * width
     assert page.errors == []
 
 

@@ -52,8 +52,11 @@
     /** Chart width in px (for history resolution: about two points per pixel). */
     chartWidth() {
       const first = this.panels.values().next().value;
-      if (first) return first.el.clientWidth || 600;
-      return Math.max(300, Math.min(900, this.container.clientWidth || 600));
+      if (first && first.el.clientWidth) return first.el.clientWidth;
+      // No chart yet: the width a card will get in the grid (minmax(440px, 1fr), 12px gaps).
+      const w = this.container.clientWidth || 900;
+      const cols = Math.max(1, Math.floor((w + 12) / 452));
+      return Math.max(300, Math.floor((w - 12 * (cols - 1)) / cols) - 16);
     }
 
     draw() {
