@@ -513,3 +513,46 @@ def test_invalid_arguments(tmp_path):
         LiveMonitor(tmp_path / "m.jsonl", log_interval=0)
     with pytest.raises(ValueError):
         LiveMonitor(tmp_path / "m.jsonl", abort_after=0)
+
+
+class CpuLossScaleStep(nn.TrainOneStepWithLossScaleCell):
+    """MindSpore's loss-scale step (update skipped on overflow, returns ``(loss, overflow, scale)``)
+    with an overflow check that has CPU kernels (its own uses Ascend/GPU status ops)."""
+
+    def get_overflow_status(self, status, compute_output):
+        finite = ops.stack([ops.isfinite(g).all() for g in compute_output]).all()
+        return ops.logical_not(finite)
+
+
+def test_mindspore_loss_scale_cell_overflow_is_a_skipped_step(tmp_path):
+    net = mlp()
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.05)
+    manager = nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0**12, scale_factor=2, scale_window=1000)
+    cell = CpuLossScaleStep(NanAwareLoss(net), opt, scale_sense=manager)
+    path = tmp_path / "metrics.jsonl"
+    Model(cell).train(1, dataset(5, nan_steps=[3]), callbacks=[LiveMonitor(path)])
+    recs = records(path)
+    steps = {r["step"]: r for r in recs if r["type"] == "step"}
+    assert steps[2]["loss_scale"] == 2.0**12 and "skipped" not in steps[2]
+    assert steps[3]["skipped"] is True and steps[3]["nonfinite"] is True  # the NaN batch overflowed
+    assert steps[4]["loss_scale"] == 2.0**11 and "skipped" not in steps[4]  # scale halved, training goes on
+    assert [r["kind"] for r in recs if r["type"] == "event"] == ["nonfinite"]
+
+
+def test_pynative_mode(tmp_path):
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    cell, _ = history_cell("fake")
+    path = tmp_path / "metrics.jsonl"
+    Model(cell).train(1, dataset(4), callbacks=[LiveMonitor(path, log_interval=2)])
+    recs = records(path)
+    assert recs[0]["mode"] == "PYNATIVE"
+    assert [r["step"] for r in recs if r["type"] == "step"] == [1, 2, 3, 4]
+
+
+def test_per_rank_single_process_writes_both_files(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    cell, _ = history_cell("fake")
+    Model(cell).train(1, dataset(3), callbacks=[LiveMonitor(path, per_rank=True)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "metrics.rank0.jsonl"]
+    for p in (path, tmp_path / "metrics.rank0.jsonl"):
+        assert [r["step"] for r in records(p, "step")] == [1, 2, 3]
