@@ -19,7 +19,7 @@ install: $(STAMP)
 
 # The page's third-party code (ECharts) comes from the npm registry via the lockfile and is built
 # into gradmon/static/, which the server serves. Nothing is loaded from a CDN.
-gradmon/static/index.html: dashboard/package-lock.json $(wildcard dashboard/src/*) dashboard/build.mjs
+gradmon/static/index.html: dashboard/package-lock.json dashboard/package.json dashboard/build.mjs $(wildcard dashboard/src/* dashboard/src/*/*)
 	cd dashboard && npm ci --no-audit --no-fund && npm run build
 
 dashboard: gradmon/static/index.html
