@@ -7,7 +7,10 @@ import asyncio
 import json
 import math
 import socket
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 from test_server_helpers import (
@@ -249,3 +252,33 @@ def test_finished_status_is_pushed(logdir):
                 msg = await recv_until(ws, lambda m: m["type"] == "runs")
                 assert msg["runs"][0]["status"] == "finished"
         asyncio.run(main())
+
+
+def test_cli_serves_and_prints_the_url_without_numpy_or_mindspore(logdir):
+    make_run(logdir, "exp1", 2)
+    code = ("import sys, runpy; sys.argv = ['gradmon', 'serve', sys.argv[1], '--port', '0'];"
+            "import threading, os;"
+            "threading.Timer(0.5, lambda: print('MODULES', 'numpy' in sys.modules,"
+            " 'mindspore' in sys.modules, flush=True)).start();"
+            "runpy.run_module('gradmon', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(logdir)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        url = modules = None
+        deadline = time.monotonic() + 30
+        while (url is None or modules is None) and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("gradmon: open "):
+                url = line.split("open ", 1)[1].strip()
+            if line.startswith("MODULES"):
+                modules = line.split()[1:]
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        assert modules == ["False", "False"]
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        status, body = get_json(port, "/api/runs")
+        assert status == 200 and body["runs"][0]["name"] == "exp1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
