@@ -67,9 +67,10 @@ class LiveMonitor(Callback):
     Args:
         log_file: the run log, e.g. ``logs/exp001/metrics.jsonl`` (directories are created; the
             file is appended to, so a restarted run adds a new segment).
-        log_interval: read the device every this many steps. With a step cell that keeps a
-            device history (``MonitoredTrainStep(history_size >= log_interval)``) every step
-            still gets a record; with any other cell only every ``log_interval``-th step does.
+        log_interval: read the device on steps that are multiples of this (and before an
+            evaluation and at the end). With a step cell that keeps a device history
+            (``MonitoredTrainStep(history_size >= log_interval)``) every step still gets a
+            record; with any other cell only the steps read do.
         config: the user's settings, written into the header.
         batch_size: samples per step on one rank, when the dataset cannot tell
             (``train_dataset.get_batch_size()`` is used otherwise). Throughput is global:
@@ -150,6 +151,7 @@ class LiveMonitor(Callback):
         self._run_context: Any = None
         self._sampler: Any = None
         self._last_layers_step = 0
+        self._history_failed = False
         self._rank, self._world_size = 0, 1
 
     @property
@@ -392,17 +394,12 @@ class LiveMonitor(Callback):
         ts = time.time()
         first = self._logged_step + 1
 
-        read_history = getattr(self._cell, "gradmon_read_history", None)
         records: list[dict[str, Any]] = []
-        lost = 0
-        if callable(read_history):
-            snap = read_history()
-            items, lost = history_rows_to_steps(
-                tuple(snap.fields), snap.rows, int(snap.total_steps),
-                current_step=step, after_step=self._logged_step,
-            )
+        history = self._read_history(step)
+        if history is not None:
+            items, lost = history
         else:
-            items = [(step, self._fields_from_outputs())]
+            items, lost = [(step, self._fields_from_outputs())], 0
         lrs = self._lr.values(n) if self._lr is not None else [None] * n
         timing: dict[str, float] = {"step_time": step_time}
         if step_time > 0:
@@ -434,6 +431,24 @@ class LiveMonitor(Callback):
         self._logged_step = step
         self._write_steps(records)
         self._maybe_layer_stats(step, ts)
+
+    def _read_history(self, step: int) -> tuple[list[tuple[int, dict[str, Any]]], int] | None:
+        """The steps since the last read from the cell's device history; None when the cell has
+        none or reading it failed (then the step outputs are parsed instead)."""
+        read_history = getattr(self._cell, "gradmon_read_history", None)
+        if not callable(read_history) or self._history_failed:
+            return None
+        try:
+            snap = read_history()
+            return history_rows_to_steps(
+                tuple(snap.fields), snap.rows, int(snap.total_steps),
+                current_step=step, after_step=self._logged_step,
+            )
+        except Exception as exc:  # monitoring must not stop training
+            self._history_failed = True
+            _log.warning("gradmon: reading the step cell's history failed (%s: %s); logging the step "
+                         "outputs of log steps instead", type(exc).__name__, exc)
+            return None
 
     def _fields_from_outputs(self) -> dict[str, Any]:
         parsed = parse_step_outputs(self._outputs)

@@ -556,3 +556,18 @@ def test_per_rank_single_process_writes_both_files(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "metrics.rank0.jsonl"]
     for p in (path, tmp_path / "metrics.rank0.jsonl"):
         assert [r["step"] for r in records(p, "step")] == [1, 2, 3]
+
+
+def test_failing_history_read_falls_back_to_outputs(tmp_path, caplog):
+    class Broken(HistoryStep):
+        def gradmon_read_history(self):
+            self.reads += 1
+            raise RuntimeError("device ring unreadable")
+
+    net = mlp()
+    cell = Broken(NormStep(NanAwareLoss(net), nn.SGD(net.trainable_params(), learning_rate=0.05)))
+    path = tmp_path / "metrics.jsonl"
+    Model(cell).train(1, dataset(6), callbacks=[LiveMonitor(path, log_interval=2)])
+    steps = records(path, "step")
+    assert [r["step"] for r in steps] == [2, 4, 6] and all(r["grad_norm"] > 0 for r in steps)
+    assert cell.reads == 1 and sum("history failed" in r.message for r in caplog.records) == 1
