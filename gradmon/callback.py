@@ -80,8 +80,11 @@ class LiveMonitor(Callback):
         system_metrics, system_interval: sample host CPU, RSS and device memory every
             ``system_interval`` seconds on a background thread (``system`` records).
         abort_after: stop training after this many consecutive skipped or non-finite steps.
-        abort_checkpoint: on abort, first save the train network's parameters (optimizer state
-            included) here, unless they are non-finite.
+            Every rank evaluates it (ranks that write nothing still read on log steps), so the
+            data-parallel ranks stop together as long as the flags agree across ranks — true for
+            ``MonitoredTrainStep``, whose norm is the all-reduced one.
+        abort_checkpoint: on abort, rank 0 first saves the train network's parameters
+            (optimizer state included) here, unless they are non-finite.
         layer_stats_every, layer_top_k: every N steps write a ``layers`` record from the step
             cell's ``gradmon_layer_stats(top_k=...)`` when it has one.
         retry_initial: first back-off (seconds) before reopening an unwritable log.
@@ -387,6 +390,12 @@ class LiveMonitor(Callback):
         n = step - self._logged_step
         if n <= 0 or not self._started:
             return
+        if not self._writers and not self.abort_after:
+            # A rank that writes nothing reads nothing. With an abort policy every rank reads, so
+            # that all data-parallel ranks take the same stop decision.
+            self._logged_step = step
+            self._data_times.clear()
+            return
         now = time.perf_counter()
         step_time = (now - self._t_interval) / n
         self._t_interval = now
@@ -506,7 +515,7 @@ class LiveMonitor(Callback):
         consecutive = self._bad.consecutive
         checkpoint = None
         note = ""
-        if self.abort_checkpoint:
+        if self.abort_checkpoint and self._rank == 0:  # data-parallel weights are the same on every rank
             checkpoint, note = self._save_abort_checkpoint()
         message = (f"training aborted at step {step}: {consecutive} consecutive skipped or non-finite "
                    f"steps (abort_after={self.abort_after})"

@@ -571,3 +571,19 @@ def test_failing_history_read_falls_back_to_outputs(tmp_path, caplog):
     steps = records(path, "step")
     assert [r["step"] for r in steps] == [2, 4, 6] and all(r["grad_norm"] > 0 for r in steps)
     assert cell.reads == 1 and sum("history failed" in r.message for r in caplog.records) == 1
+
+
+def test_non_writing_rank_reads_only_for_the_abort_policy(tmp_path, monkeypatch):
+    import gradmon.callback as callback_module
+
+    monkeypatch.setattr(callback_module, "_distributed", lambda: (1, 2))  # rank 1 of 2
+    cell, _ = history_cell("fake")
+    Model(cell).train(1, dataset(4), callbacks=[LiveMonitor(tmp_path / "m.jsonl", log_interval=2)])
+    assert cell.reads == 0 and not any(tmp_path.iterdir())
+
+    cell, _ = history_cell("fake")
+    executed = []
+    monitor = LiveMonitor(tmp_path / "m.jsonl", abort_after=2, abort_checkpoint=tmp_path / "a.ckpt")
+    Model(cell).train(1, dataset(6, nan_steps=[2, 3, 4]), callbacks=[AtStep(executed.append), monitor])
+    assert executed == [1, 2, 3] and monitor.should_stop  # stops with rank 0
+    assert not any(tmp_path.iterdir())  # writes nothing, saves nothing (rank 0 saves)
