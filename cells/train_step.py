@@ -1,0 +1,336 @@
+"""Monitored training steps: ``nn.TrainOneStepCell`` plus gradient norm, clipping, skip and history.
+
+Everything per step stays on the device: the norm, the clip coefficient, the spike detector's
+state, the history ring and the counters are tensors and Parameters, and ``construct`` returns
+``(loss, grad_norm)`` as device tensors. The host reads the ring when it wants
+(:meth:`MonitoredTrainStep.gradmon_read_history`), so non-log steps cost no host sync in GRAPH mode.
+
+Skipping an update (non-finite norm, loss-scale overflow, or a spike with ``spike_mode="skip"``)
+is a tensor condition around the optimizer call, the construct MindSpore's own
+``TrainOneStepWithLossScaleCell`` uses: the optimizer does not run, so weights and optimizer
+state stay bit-for-bit unchanged (multiplying the update by 0 would not: 0 x NaN = NaN, and Adam
+moves weights on zero gradients). The condition only exists when a skip is possible.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from ._compat import check_train_cell_layout, require_supported
+from .history import COUNTER_NAMES, HistorySnapshot, history_fields, unroll_ring
+from .layer_stats import layer_rows
+from .norm_ops import clip_coefficient, global_norm, scale_grads, segment_ids_for, squared_norms
+from .spike import SpikeConfig, zclip_update
+
+
+def _check_max_norm(max_norm: Any) -> float | None:
+    if max_norm is None:
+        return None
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)):
+        raise TypeError(f"max_norm must be a positive number or None, got {type(max_norm).__name__}")
+    if not (math.isfinite(max_norm) and max_norm > 0):
+        raise ValueError(f"max_norm must be a positive finite number or None, got {max_norm!r}")
+    return float(max_norm)
+
+
+def _check_history_size(history_size: Any) -> int:
+    if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 0:
+        raise ValueError(f"history_size must be an int >= 0 (0 disables the ring), got {history_size!r}")
+    return history_size
+
+
+class MonitoredTrainStep(nn.TrainOneStepCell):
+    """``nn.TrainOneStepCell`` that also measures, clips and guards the global gradient norm.
+
+    Args:
+        network: the network with loss (single output).
+        optimizer: the optimizer cell.
+        sens: as in ``nn.TrainOneStepCell``: the backward seed (default 1.0). It is not undone:
+            the gradients, their norm and the update all refer to ``sens * loss``.
+        max_norm: clip the global norm to this value (``grads * min(1, max_norm / (norm + 1e-6))``).
+        skip_nonfinite: when the norm is NaN/Inf, do not run the optimizer this step.
+        spike_mode: ``"off"``, ``"detect"``, ``"clip"`` or ``"skip"`` (see :class:`SpikeConfig`).
+        spike_warmup, spike_alpha, spike_z: detector settings (ZClip defaults 25, 0.97, 2.5).
+        history_size: rows of the device history ring (0 disables it and its counters).
+        local_norm: also record each rank's norm before the data-parallel reduction.
+        layer_stats: keep the last step's per-parameter squared gradient norms on device for
+            :meth:`gradmon_layer_stats`.
+
+    Outputs:
+        ``(loss, grad_norm)``: the loss and the float32 global L2 norm of the gradients after the
+        data-parallel reduction (and loss-scale unscaling), before clipping.
+    """
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Cell, sens: float | None = None, *,
+                 max_norm: float | None = None, skip_nonfinite: bool = True, spike_mode: str = "off",
+                 spike_warmup: int = 25, spike_alpha: float = 0.97, spike_z: float = 2.5,
+                 history_size: int = 1024, local_norm: bool = False, layer_stats: bool = False) -> None:
+        require_supported()
+        max_norm = _check_max_norm(max_norm)
+        history_size = _check_history_size(history_size)
+        spike = SpikeConfig(mode=spike_mode, warmup=spike_warmup, alpha=float(spike_alpha),
+                            z_threshold=float(spike_z))
+        super().__init__(network, optimizer, sens=sens)
+        check_train_cell_layout(self)
+        self._setup_monitoring(max_norm, bool(skip_nonfinite), spike, history_size, bool(local_norm),
+                               bool(layer_stats), loss_scale=False)
+
+    # ----------------------------------------------------------------------------------- setup
+    def _setup_monitoring(self, max_norm: float | None, skip_nonfinite: bool, spike: SpikeConfig,
+                          history_size: int, local_norm: bool, layer_stats: bool, loss_scale: bool) -> None:
+        self.max_norm = max_norm
+        self.skip_nonfinite = skip_nonfinite
+        self.spike = spike
+        self.history_size = history_size
+        self.local_norm = local_norm
+        self.layer_stats = layer_stats
+        self.loss_scale = loss_scale
+        # Compile-time switches read by construct (plain Python values are constants in GRAPH mode).
+        self.has_max_norm = max_norm is not None
+        self.spike_on = spike.enabled
+        self.spike_clip = spike.mode == "clip"
+        self.spike_skip = spike.mode == "skip"
+        self.spike_warmup = spike.warmup
+        self.spike_alpha = spike.alpha
+        self.spike_z = spike.z_threshold
+        self.clips = self.has_max_norm or self.spike_clip
+        self.may_skip = skip_nonfinite or self.spike_skip or loss_scale
+        self.use_graceful_exit = bool(getattr(self, "use_graceful_exit", False))
+        if not hasattr(self, "loss_scaling_manager"):
+            self.loss_scaling_manager = None
+
+        self._one = Tensor(1.0, ms.float32)
+        self._zero = Tensor(0.0, ms.float32)
+        self._false = Tensor(False, ms.bool_)
+        self._max_norm_t = Tensor(max_norm if max_norm is not None else 1.0, ms.float32)
+        self.weight_names = tuple(p.name for p in self.weights)
+        if not self.weight_names:
+            raise ValueError("the optimizer has no parameters to train")
+
+        if self.spike_on:
+            def state(value: Tensor, name: str) -> Parameter:
+                return Parameter(value, name=f"gradmon_spike_{name}", requires_grad=False)
+
+            self.spike_count = state(Tensor(0, ms.int32), "count")
+            self.spike_mean = state(Tensor(0.0, ms.float32), "mean")
+            self.spike_var = state(Tensor(0.0, ms.float32), "var")
+        if layer_stats:
+            self.segment_ids = segment_ids_for([p.shape for p in self.weights])
+            self.layer_sq = Parameter(Tensor(np.zeros(len(self.weight_names), np.float32)),
+                                      name="gradmon_layer_sq", requires_grad=False)
+        self.fields = history_fields(loss_scale, local_norm)
+        if history_size > 0:
+            self.history = Parameter(Tensor(np.zeros((history_size, len(self.fields)), np.float32)),
+                                     name="gradmon_history", requires_grad=False)
+            # [steps, clipped, spikes, skipped, nonfinite]: one vector, so a read is one transfer.
+            self.counts = Parameter(Tensor(np.zeros(1 + len(COUNTER_NAMES), np.int32)),
+                                    name="gradmon_counts", requires_grad=False)
+            self._count_one = Tensor(np.ones(1, np.int32))
+
+    # ------------------------------------------------------------------------------- construct
+    def construct(self, *inputs):
+        loss = self.network(*inputs)
+        if self.sense_flag:
+            sens = ops.fill(loss.dtype, loss.shape, self.sens)
+            grads = self.grad(self.network, self.weights)(*inputs, sens)
+        else:
+            grads = self.grad_no_sens(self.network, self.weights)(*inputs)
+        return self._monitored_update(loss, grads, self._one, self._one)
+
+    def _monitored_update(self, loss, grads, inv_scale, scale_used):
+        """Norm, detector, clip, guarded optimizer call and history for one step."""
+        local = self._zero
+        if self.local_norm:
+            local = global_norm(grads)
+            if self.loss_scale:
+                local = local * inv_scale
+        grads = self.grad_reducer(grads)
+        if self.use_graceful_exit:
+            grads = self.graceful_exit.exit_by_request(grads, self.init_param, self.exit_param)
+        if self.layer_stats:
+            sq = squared_norms(grads, self.segment_ids)
+            if self.loss_scale:
+                sq = sq * (inv_scale * inv_scale)
+            ops.assign(self.layer_sq, sq)
+            norm = ops.sqrt(ops.reduce_sum(sq))
+        else:
+            norm = global_norm(grads)
+            if self.loss_scale:
+                norm = norm * inv_scale
+        finite = ops.isfinite(norm)
+
+        zscore = self._zero
+        spike = self._false
+        target = norm
+        if self.spike_on:
+            zscore, spike, target, count, mean, var = zclip_update(
+                norm, finite, self.spike_count, self.spike_mean, self.spike_var,
+                self.spike_warmup, self.spike_alpha, self.spike_z)
+            ops.assign(self.spike_count, count)
+            ops.assign(self.spike_mean, mean)
+            ops.assign(self.spike_var, var)
+
+        coef = self._one
+        if self.clips:
+            if self.spike_clip and self.has_max_norm:
+                limit = ops.minimum(target, self._max_norm_t)
+            elif self.spike_clip:
+                limit = target
+            else:
+                limit = self._max_norm_t
+            coef = ops.select(finite, clip_coefficient(norm, limit), self._one)
+            grads = scale_grads(grads, coef * inv_scale)
+        elif self.loss_scale:
+            grads = scale_grads(grads, inv_scale)
+
+        apply = finite
+        if self.may_skip:
+            overflow = ops.logical_not(finite)
+            if self.loss_scaling_manager is not None:
+                overflow = self.loss_scaling_manager(self.scale_sense, overflow)
+            if self.skip_nonfinite or self.loss_scale:
+                apply = ops.logical_not(overflow)
+            else:
+                apply = ops.ones_like(finite)
+            if self.spike_skip:
+                apply = ops.logical_and(apply, ops.logical_not(spike))
+            if apply:
+                loss = ops.depend(loss, self.optimizer(grads))
+        else:
+            apply = ops.ones_like(finite)
+            loss = ops.depend(loss, self.optimizer(grads))
+
+        if self.history_size > 0:
+            clipped = ops.logical_and(apply, coef < 1.0)
+            self._record(loss, norm, coef, zscore, clipped, spike, ops.logical_not(apply),
+                         ops.logical_not(finite), scale_used, local)
+        return loss, norm
+
+    def _record(self, loss, norm, coef, zscore, clipped, spike, skipped, nonfinite, scale_used, local):
+        """Write this step's row into the ring and bump the counters (a handful of tiny kernels)."""
+        loss32 = ops.reduce_mean(ops.cast(loss, ms.float32))
+        flags = ops.stack((clipped, spike, skipped, nonfinite))
+        parts = (ops.stack((loss32, norm, coef, zscore)), ops.cast(flags, ms.float32))
+        # Tuple concatenation, not starred unpacking: GRAPH mode's parser handles the former.
+        if self.loss_scale:
+            parts = parts + (ops.cast(scale_used, ms.float32).reshape((1,)),)  # noqa: RUF005
+        if self.local_norm:
+            parts = parts + (local.reshape((1,)),)  # noqa: RUF005
+        row = ops.concat(parts).reshape((1, -1))
+        slot = ops.floor_mod(self.counts[0:1], self.history_size)
+        ops.scatter_update(self.history, slot, row)
+        ops.assign_add(self.counts, ops.concat((self._count_one, ops.cast(flags, ms.int32))))
+
+    # ------------------------------------------------------------------------------ host side
+    def gradmon_config(self) -> dict:
+        """Static settings for the run-log header (no device work)."""
+        return {
+            "max_norm": self.max_norm,
+            "skip_nonfinite": self.skip_nonfinite,
+            "spike_mode": self.spike.mode,
+            "spike_warmup": self.spike.warmup,
+            "spike_alpha": self.spike.alpha,
+            "spike_z": self.spike.z_threshold,
+            "history_size": self.history_size,
+            "history_fields": list(self.fields) if self.history_size > 0 else [],
+            "loss_scale": self.loss_scale,
+            "local_norm": self.local_norm,
+            "layer_stats": self.layer_stats,
+        }
+
+    def gradmon_read_history(self) -> HistorySnapshot:
+        """The last ``min(total_steps, history_size)`` steps, oldest first, in two device reads."""
+        if self.history_size <= 0:
+            raise RuntimeError("this MonitoredTrainStep keeps no history (history_size=0)")
+        ring = self.history.asnumpy()
+        counts = self.counts.asnumpy()
+        return unroll_ring(ring, counts, self.fields)
+
+    def gradmon_layer_stats(self, top_k: int | None = 10, groups: Any = None) -> list[dict]:
+        """Per-parameter (or per-group) gradient norms of the last step; see :func:`layer_rows`.
+
+        Needs ``layer_stats=True``. Costs a pass over the weights on the host's call, none per step.
+        """
+        if not self.layer_stats:
+            raise RuntimeError("construct the step with layer_stats=True to keep per-parameter norms")
+        grad_sq = self.layer_sq.asnumpy()
+        param_sq = squared_norms(tuple(self.weights), self.segment_ids).asnumpy()
+        return layer_rows(self.weight_names, grad_sq.tolist(), param_sq.tolist(), self._current_lr(),
+                          top_k=top_k, groups=groups)
+
+    def _current_lr(self) -> float:
+        """Learning rate of the optimizer now (first group when grouped); NaN if it cannot tell."""
+        try:
+            lr = self.optimizer.get_lr()
+            if isinstance(lr, (tuple, list)):
+                lr = lr[0]
+            return float(np.asarray(lr.asnumpy() if hasattr(lr, "asnumpy") else lr).reshape(-1)[0])
+        except Exception:  # an optimizer without get_lr: update_ratio becomes NaN, nothing breaks
+            return math.nan
+
+
+class MonitoredTrainStepWithLossScale(MonitoredTrainStep):
+    """:class:`MonitoredTrainStep` with loss scaling, like ``nn.TrainOneStepWithLossScaleCell``.
+
+    ``scale_sense`` is a ``DynamicLossScaleUpdateCell``/``FixedLossScaleUpdateCell`` (the scale is
+    updated on device from the overflow flag) or a float32 Tensor of shape ``()``/``(1,)`` (a fixed
+    scale; change it with :meth:`set_sense_scale`). Overflow means a non-finite gradient norm after
+    unscaling, a check that runs on every backend (CPU included); an overflow step is skipped.
+    The reported ``grad_norm`` is the unscaled norm; the history gets a ``loss_scale`` column with
+    the scale the step used. Accepts the keyword options of :class:`MonitoredTrainStep` except
+    ``sens`` and ``skip_nonfinite`` (always on).
+    """
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Cell, scale_sense: Any, **options: Any) -> None:
+        require_supported()
+        for bad in ("sens", "skip_nonfinite"):
+            if bad in options:
+                raise TypeError(f"MonitoredTrainStepWithLossScale does not take {bad!r}")
+        max_norm = _check_max_norm(options.pop("max_norm", None))
+        history_size = _check_history_size(options.pop("history_size", 1024))
+        spike = SpikeConfig(mode=options.pop("spike_mode", "off"), warmup=options.pop("spike_warmup", 25),
+                            alpha=float(options.pop("spike_alpha", 0.97)),
+                            z_threshold=float(options.pop("spike_z", 2.5)))
+        local_norm = bool(options.pop("local_norm", False))
+        layer_stats = bool(options.pop("layer_stats", False))
+        if options:
+            raise TypeError(f"unexpected options: {', '.join(sorted(options))}")
+        nn.TrainOneStepCell.__init__(self, network, optimizer, sens=None)
+        check_train_cell_layout(self)
+        self.loss_scaling_manager = None
+        if isinstance(scale_sense, nn.Cell):
+            self.loss_scaling_manager = scale_sense
+            self.scale_sense = Parameter(Tensor(scale_sense.get_loss_scale(), ms.float32), name="scale_sense")
+        elif isinstance(scale_sense, Tensor):
+            if tuple(scale_sense.shape) not in ((), (1,)):
+                raise ValueError(f"scale_sense must have shape () or (1,), got {tuple(scale_sense.shape)}")
+            self.scale_sense = Parameter(scale_sense, name="scale_sense")
+        else:
+            raise TypeError("scale_sense must be a loss-scale update Cell or a Tensor, "
+                            f"got {type(scale_sense).__name__}")
+        self._setup_monitoring(max_norm, True, spike, history_size, local_norm, layer_stats, loss_scale=True)
+
+    def construct(self, *inputs):
+        loss = self.network(*inputs)
+        scale = self.scale_sense
+        # The scale this step uses, read before the update cell can change it.
+        scale_used = ops.cast(scale, ms.float32).reshape(())
+        sens = ops.ones_like(loss) * ops.cast(scale_used, loss.dtype)
+        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        return self._monitored_update(loss, grads, 1.0 / scale_used, scale_used)
+
+    def set_sense_scale(self, sens: Tensor) -> None:
+        """Replace a fixed loss scale (same shape and dtype as the original ``scale_sense``)."""
+        if not isinstance(sens, Tensor):
+            raise TypeError(f"sens must be a Tensor, got {type(sens).__name__}")
+        self.scale_sense.set_data(sens)
+
+    def gradmon_config(self) -> dict:
+        config = super().gradmon_config()
+        config["loss_scale_dynamic"] = isinstance(self.loss_scaling_manager, nn.DynamicLossScaleUpdateCell)
+        return config
