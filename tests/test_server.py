@@ -282,3 +282,24 @@ def test_cli_serves_and_prints_the_url_without_numpy_or_mindspore(logdir):
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+
+
+def test_history_has_a_ts_series_for_wall_clock_axes(logdir):
+    recs = [header()] + [step(i, ts=1.0e9 + 2.0 * i + (3600.0 if i > 2500 else 0.0)) for i in range(1, 5001)]
+    append(logdir / "exp1" / "metrics.jsonl", recs)
+    true_ts = {r["step"]: r["ts"] for r in recs[1:]}
+    with _server(logdir) as h:
+        wait_for(lambda: get_json(h.port, "/api/runs/exp1")[1]["last_step"] == 5000)
+        assert "ts" not in get_json(h.port, "/api/runs/exp1")[1]["fields"]
+        _, exact = get_json(h.port, "/api/runs/exp1/history?start=2400&end=2600&points=1000")
+        assert exact["exact"] is True
+        ts = exact["series"]["ts"]
+        assert ts["step"] == exact["series"]["loss"]["step"] == list(range(2400, 2601))
+        assert ts["value"] == [true_ts[s] for s in ts["step"]]
+        for query in ("?points=40", "?points=400", "?points=40&start=1000&end=4000"):
+            _, hist = get_json(h.port, "/api/runs/exp1/history" + query)
+            assert hist["exact"] is False
+            ts = hist["series"]["ts"]
+            assert ts["step"] == sorted(ts["step"]) and len(ts["step"]) <= int(query[8:].split("&")[0]) + 8
+            assert all(true_ts[s] == v for s, v in zip(ts["step"], ts["value"]))  # true times, not made up
+            assert ts["step"][0] == hist["start"] and ts["step"][-1] == hist["end"]  # the range's ends

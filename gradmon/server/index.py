@@ -42,6 +42,9 @@ EXACT_READ_MAX = 32_768  # step records a history request may read back from the
 
 # Numeric fields of a step record that are coordinates or bookkeeping, not series.
 NOT_SERIES = frozenset({"step", "epoch", "ts", "schema", "pid", "rank", "world_size"})
+# The wall-clock field: not listed in a run's ``fields``, but indexed and returned as the history
+# series ``ts`` (steps -> Unix seconds), so a page can place any step in time.
+TS = "ts"
 # Step flags that make a mark, with the mark's kind.
 MARK_FLAGS = (("spike", "spike"), ("skipped", "skip"), ("nonfinite", "nonfinite"))
 
@@ -189,6 +192,7 @@ class RunIndex:
         self.ended: str | None = None  # status of the `end` record of the latest segment
         self.fields: list[str] = []
         self._field_set: set[str] = set()
+        self._has_ts = False  # some step record had a finite ``ts``: history has a ``ts`` series
         self.levels: list[_Level] = [_Level()]
         self._open: Summary | None = None
         self.marks: list[tuple[int, str, str, float]] = []  # (step, kind, field, value)
@@ -255,6 +259,10 @@ class RunIndex:
         self.max_step = step if self.max_step is None else max(self.max_step, step)
         finite: list[tuple[str, float]] = []
         nonfinite_marked = False
+        ts = _number(rec.get(TS))
+        if ts is not None and math.isfinite(ts):
+            finite.append((TS, ts))
+            self._has_ts = True
         for name, raw in rec.items():
             if name in NOT_SERIES:
                 continue
@@ -414,13 +422,17 @@ class RunIndex:
         edges = [(self._node(nd).offset, self._node_end(nd, cursor)) for nd in nodes
                  if self._partial(nd, start, end)]  # base buckets only, after _refine_edges
         summaries = [self._node(nd) for nd in inner]
-        for name in self.fields:
+        for name in self.series_names():
             pts: list[tuple[int, float]] = []
             for s in summaries:
                 pts.extend(s.points(name))
             series[name] = ([p[0] for p in pts], [p[1] for p in pts])
         self._add_marks_to(series, start, end)
         return HistoryPlan(kind="pyramid", series=series, edges=edges)
+
+    def series_names(self) -> list[str]:
+        """The names of the history series: the numeric fields, then ``ts`` when known."""
+        return [*self.fields, TS] if self._has_ts else list(self.fields)
 
     def _add_marks_to(self, series: dict[str, tuple[list[int], list[float]]], start: float,
                       end: float) -> None:
@@ -511,10 +523,10 @@ def series_from_lines(lines: Iterable[tuple[int, bytes | None]], start: float, e
         n += 1
         is_flagged = any(rec.get(flag) is True for flag, _ in MARK_FLAGS)
         for name, raw in rec.items():
-            if name in NOT_SERIES:
+            if name in NOT_SERIES and name != TS:
                 continue
             v = _number(raw)
-            if v is None:
+            if v is None or (name == TS and not math.isfinite(v)):
                 continue
             steps = steps_by.setdefault(name, [])
             if is_flagged:
