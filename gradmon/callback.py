@@ -409,7 +409,14 @@ class LiveMonitor(Callback):
             items, lost = history
         else:
             items, lost = [(step, self._fields_from_outputs())], 0
-        lrs = self._lr.values(n) if self._lr is not None else [None] * n
+        if self._lr is not None:
+            skipped = [False] * n
+            for s, fields in items:
+                if 0 <= s - first < n:
+                    skipped[s - first] = bool(fields.get("skipped"))
+            lrs = self._lr.values(n, skipped)
+        else:
+            lrs = [None] * n
         timing: dict[str, float] = {"step_time": step_time}
         if step_time > 0:
             if self._samples_per_step:

@@ -16,9 +16,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LrReader"]
+__all__ = ["LrReader", "step_indices"]
 
 _log = logging.getLogger("gradmon.lr")
+
+
+def step_indices(global_step: int, skipped: list[bool]) -> list[int]:
+    """The ``global_step`` each of the last ``len(skipped)`` steps ran with, oldest first, given
+    the optimizer's ``global_step`` now. A step that skipped the optimizer did not advance it."""
+    indices = [0] * len(skipped)
+    nxt = global_step
+    for i in range(len(skipped) - 1, -1, -1):
+        if not skipped[i]:
+            nxt -= 1
+        indices[i] = max(nxt, 0)
+    return indices
 
 
 class LrReader:
@@ -39,26 +51,29 @@ class LrReader:
             if table is not None and hasattr(table, "asnumpy") and len(getattr(table, "shape", ())) == 1:
                 self._table = table.asnumpy().astype(np.float64)
 
-    def values(self, n: int) -> list[float | None]:
-        """Rates of the last ``n`` optimizer steps, oldest first."""
+    def values(self, n: int, skipped: list[bool] | None = None) -> list[float | None]:
+        """Rates of the last ``n`` training steps, oldest first.
+
+        ``skipped[i]``: step ``i`` did not run the optimizer (so ``global_step`` did not advance);
+        it is given the rate it would have used."""
         if n <= 0:
             return []
         try:
-            return self._values(n)
+            return self._values(n, skipped or [False] * n)
         except Exception as exc:  # a monitoring read must not break training
             if not self._failed:
                 self._failed = True
                 _log.warning("gradmon: cannot read the learning rate: %s", exc)
             return [None] * n
 
-    def _values(self, n: int) -> list[float | None]:
+    def _values(self, n: int, skipped: list[bool]) -> list[float | None]:
         lr = self._lr
         if lr is None:
             return [None] * n
         if not self._dynamic:
             return [float(np.asarray(lr.asnumpy()).reshape(-1)[0])] * n
         g = int(np.asarray(self._opt.global_step.asnumpy()).reshape(-1)[0])
-        indices = [max(g - n + i, 0) for i in range(n)]
+        indices = step_indices(g, skipped)
         if self._table is not None:
             last = len(self._table) - 1
             # Out of the table: the optimizer's Gather is out of range there; report the last entry.

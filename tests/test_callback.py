@@ -122,9 +122,12 @@ class HistoryStep(nn.Cell):
 
 def real_monitored_step(net_with_loss, optimizer, history_size=16):
     cells = pytest.importorskip("gradmon.cells")
-    if not hasattr(cells, "MonitoredTrainStep"):
+    cls = getattr(cells, "MonitoredTrainStep", None)
+    if cls is None:
+        cls = getattr(pytest.importorskip("gradmon.cells.train_step"), "MonitoredTrainStep", None)
+    if cls is None:
         pytest.skip("gradmon.cells.MonitoredTrainStep not built yet")
-    return cells.MonitoredTrainStep(net_with_loss, optimizer, history_size=history_size)
+    return cls(net_with_loss, optimizer, history_size=history_size)
 
 
 def history_cell(kind: str, lr=0.05, history_size: int = 16):
@@ -587,3 +590,15 @@ def test_non_writing_rank_reads_only_for_the_abort_policy(tmp_path, monkeypatch)
     Model(cell).train(1, dataset(6, nan_steps=[2, 3, 4]), callbacks=[AtStep(executed.append), monitor])
     assert executed == [1, 2, 3] and monitor.should_stop  # stops with rank 0
     assert not any(tmp_path.iterdir())  # writes nothing, saves nothing (rank 0 saves)
+
+
+@pytest.mark.parametrize("kind", ["fake", "real"])
+def test_dynamic_lr_after_a_skipped_step(tmp_path, kind):
+    # A skipped step does not run the optimizer, so the schedule does not advance for it.
+    table = [0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.04]
+    cell, _ = history_cell(kind, lr=table)
+    path = tmp_path / "metrics.jsonl"
+    Model(cell).train(1, dataset(6, nan_steps=[3]), callbacks=[LiveMonitor(path, log_interval=3)])
+    steps = records(path, "step")
+    assert [r.get("skipped", False) for r in steps] == [False, False, True, False, False, False]
+    assert [r["lr"] for r in steps] == pytest.approx([0.1, 0.09, 0.08, 0.08, 0.07, 0.06])

@@ -65,3 +65,12 @@ def test_bad_step_counter():
     assert [counter.update(b) for b in (True, True, False, True, True, True, True)] == [
         False, False, False, False, False, True, True]
     assert not any(BadStepCounter(None).update(True) for _ in range(10))
+
+
+def test_lr_step_indices():
+    from gradmon.lr import step_indices
+
+    assert step_indices(5, [False] * 3) == [2, 3, 4]
+    assert step_indices(4, [False, True, False]) == [2, 3, 3]
+    assert step_indices(4, [False, False, True]) == [2, 3, 4]
+    assert step_indices(1, [False, False, False]) == [0, 0, 0]  # never negative
