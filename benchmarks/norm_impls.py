@@ -18,6 +18,7 @@ Norms (``grads`` is the tuple of gradients):
 Clips (coefficient ``c = min(1, max_norm / (norm + 1e-6))`` applied to every gradient):
 
 - ``none``; ``minimum`` (``ops.minimum``); ``select`` (``ops.select(norm > max_norm, ...)``);
+  (probe ``clip_l2loss_minimum``: ``minimum`` on the ``l2loss`` norm, the other clips use ``addn``);
   ``stock`` (``ops.clip_by_global_norm``, computing its own norm); ``flat`` (one multiply on the
   concatenated buffer, ``split`` back; requires a ``concat*`` norm).
 
@@ -164,6 +165,7 @@ PROBES: dict[str, tuple[str, str, str]] = {
     "clip_select": ("addn", "select", "none"),
     "clip_stock": ("addn", "stock", "none"),
     "clip_flat": ("concat", "flat", "none"),
+    "clip_l2loss_minimum": ("l2loss", "minimum", "none"),
     "ring_scatter": ("addn", "none", "scatter"),
 }
 

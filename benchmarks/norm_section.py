@@ -122,20 +122,30 @@ def plan(smoke: bool) -> list[dict[str, Any]]:
             "probes": ["norm_addn", "norm_concat", "clip_minimum", "ring_scatter"],
         }
         return [{"model": "mlp", "settings": s, "timeout": 300}]
+    # Forms the micro table already ranks (stack, norm_each, select) stay out of the slow in-step runs.
+    in_step = [p for p in all_probes if p not in ("norm_stack", "norm_norm_each", "clip_select")]
     s = {
-        "rounds": 10,
+        "rounds": 8,
         "target_block_s": 0.3,
         "min_steps": 3,
         "max_steps": 500,
         "warmup_steps": 3,
         "micro_calls": 20,
-        "probes": all_probes,
+        "probes": in_step,
     }
     big = {
         **s,
         "min_steps": 2,
         "micro_calls": 5,
-        "probes": ["norm_addn", "norm_l2loss", "norm_concat_dot", "clip_minimum", "clip_flat", "clip_stock"],
+        "probes": [
+            "norm_addn",
+            "norm_l2loss",
+            "norm_concat_dot",
+            "clip_minimum",
+            "clip_flat",
+            "clip_stock",
+            "clip_l2loss_minimum",
+        ],
     }
     return [
         {"model": "mlp", "settings": s, "timeout": 300},
