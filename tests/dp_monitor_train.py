@@ -35,7 +35,9 @@ def main() -> None:
     data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False, num_shards=world, shard_id=rank).batch(16)
     net = MLP(in_dim=16, hidden=32)
     opt = nn.SGD(net.trainable_params(), learning_rate=0.05)
-    model = Model(nn.TrainOneStepCell(with_loss(net), opt))
+    from gradmon.cells import MonitoredTrainStep
+
+    model = Model(MonitoredTrainStep(with_loss(net), opt, history_size=16))
     monitor = LiveMonitor(log_file, log_interval=2, per_rank=per_rank, config={"world": world})
     model.train(1, data, callbacks=[monitor])
     print(f"rank {rank}/{world} done", flush=True)

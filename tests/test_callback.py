@@ -333,12 +333,16 @@ def test_no_tensor_reads_on_non_log_steps_in_model_train(tmp_path, monkeypatch):
             super().on_train_step_end(run_context)
             per_step[run_context.original_args().cur_step_num] = reads["n"] - before + self._begin_reads
 
-    for kind in ("plain", "history"):
+    for kind in ("plain", "history", "real"):
         per_step.clear()
         net = mlp()
         opt = nn.SGD(net.trainable_params(), learning_rate=nn.piecewise_constant_lr([3, 100], [0.1, 0.01]))
-        cell = (nn.TrainOneStepCell(NanAwareLoss(net), opt) if kind == "plain"
-                else HistoryStep(NormStep(NanAwareLoss(net), opt)))
+        if kind == "plain":
+            cell = nn.TrainOneStepCell(NanAwareLoss(net), opt)
+        elif kind == "history":
+            cell = HistoryStep(NormStep(NanAwareLoss(net), opt))
+        else:
+            cell = real_monitored_step(NanAwareLoss(net), opt)
         Model(cell).train(1, dataset(9), callbacks=[Counted(tmp_path / f"{kind}.jsonl", log_interval=3)])
         assert per_step[3] > 0 and per_step[6] > 0  # the counter does see reads on log steps
         assert {s: n for s, n in per_step.items() if s % 3} == {s: 0 for s in range(1, 10) if s % 3}
@@ -602,3 +606,38 @@ def test_dynamic_lr_after_a_skipped_step(tmp_path, kind):
     steps = records(path, "step")
     assert [r.get("skipped", False) for r in steps] == [False, False, True, False, False, False]
     assert [r["lr"] for r in steps] == pytest.approx([0.1, 0.09, 0.08, 0.08, 0.07, 0.06])
+
+
+def test_real_cell_clip_spike_layers_and_loss_scale(tmp_path):
+    cells = pytest.importorskip("gradmon.cells")
+    if not hasattr(cells, "MonitoredTrainStep"):
+        pytest.skip("gradmon.cells.MonitoredTrainStep not built yet")
+    net = mlp()
+    cell = cells.MonitoredTrainStep(NanAwareLoss(net), nn.SGD(net.trainable_params(), learning_rate=0.05),
+                                    max_norm=0.01, spike_mode="detect", history_size=8, layer_stats=True)
+    path = tmp_path / "clip.jsonl"
+    Model(cell).train(1, dataset(6), callbacks=[LiveMonitor(path, log_interval=3, layer_stats_every=3)])
+    recs = records(path)
+    header = recs[0]
+    assert (header["max_norm"], header["spike_mode"]) == (0.01, "detect")
+    assert header["cell_config"]["history_size"] == 8
+    steps = [r for r in recs if r["type"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 7))
+    for r in steps:  # every step's norm is far above 0.01: clipped, with the factor applied
+        assert r["clipped"] is True and r["clip_coef"] == pytest.approx(0.01 / r["grad_norm"], rel=1e-3)
+        assert r["zscore"] == 0.0  # detector warm-up
+    layers = [r for r in recs if r["type"] == "layers"]
+    assert [r["step"] for r in layers] == [3, 6]
+    assert {row["name"] for row in layers[0]["top"]} <= {p.name for p in net.trainable_params()}
+    assert all(row["grad_norm"] > 0 for row in layers[0]["top"])
+
+    net = mlp()
+    scale = nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0**10, scale_factor=2, scale_window=1000)
+    cell = cells.MonitoredTrainStepWithLossScale(NanAwareLoss(net), nn.SGD(net.trainable_params(),
+                                                                           learning_rate=0.05), scale)
+    path = tmp_path / "scale.jsonl"
+    Model(cell).train(1, dataset(5, nan_steps=[3]), callbacks=[LiveMonitor(path, log_interval=5)])
+    steps = {r["step"]: r for r in records(path, "step")}
+    assert sorted(steps) == [1, 2, 3, 4, 5]
+    assert steps[3]["skipped"] is True and steps[3]["nonfinite"] is True
+    assert steps[2]["loss_scale"] == 2.0**10 and steps[4]["loss_scale"] == 2.0**9
