@@ -33,12 +33,25 @@ def global_norm(grads: Any) -> Tensor:
     return ops.sqrt(ops.reduce_sum(ops.square(_flat_fp32(grads))))
 
 
-def squared_norms(grads: Any, segment_ids: Tensor) -> Tensor:
+def unscaled_global_norm(grads: Any, inv_scale: Tensor) -> Tensor:
+    """:func:`global_norm` of ``grads * inv_scale``, scaling before squaring.
+
+    For loss-scaled gradients: squaring first would overflow float32 once ``norm * scale``
+    passes ~1.8e19, long before the gradients themselves overflow. One extra kernel on the flat view.
+    """
+    return ops.sqrt(ops.reduce_sum(ops.square(_flat_fp32(grads) * inv_scale)))
+
+
+def squared_norms(grads: Any, segment_ids: Tensor, inv_scale: Any = None) -> Tensor:
     """Per-tensor squared L2 norms, float32 ``[len(grads)]``, in one segment-sum kernel.
 
-    ``segment_ids`` is the int32 vector built by :func:`segment_ids_for` for the same shapes.
+    ``segment_ids`` is the int32 vector built by :func:`segment_ids_for` for the same shapes;
+    ``inv_scale`` (optional float32 scalar) multiplies the gradients before squaring.
     """
-    return ops.unsorted_segment_sum(ops.square(_flat_fp32(grads)), segment_ids, len(grads))
+    flat = _flat_fp32(grads)
+    if inv_scale is not None:
+        flat = flat * inv_scale
+    return ops.unsorted_segment_sum(ops.square(flat), segment_ids, len(grads))
 
 
 def segment_ids_for(shapes: Any) -> Tensor:

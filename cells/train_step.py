@@ -24,7 +24,14 @@ from mindspore import Parameter, Tensor, nn, ops
 from ._compat import check_train_cell_layout, require_supported
 from .history import COUNTER_NAMES, HistorySnapshot, history_fields, unroll_ring
 from .layer_stats import layer_rows
-from .norm_ops import clip_coefficient, global_norm, scale_grads, segment_ids_for, squared_norms
+from .norm_ops import (
+    clip_coefficient,
+    global_norm,
+    scale_grads,
+    segment_ids_for,
+    squared_norms,
+    unscaled_global_norm,
+)
 from .spike import SpikeConfig, zclip_update
 
 
@@ -146,22 +153,21 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
         """Norm, detector, clip, guarded optimizer call and history for one step."""
         local = self._zero
         if self.local_norm:
-            local = global_norm(grads)
-            if self.loss_scale:
-                local = local * inv_scale
+            local = unscaled_global_norm(grads, inv_scale) if self.loss_scale else global_norm(grads)
         grads = self.grad_reducer(grads)
         if self.use_graceful_exit:
             grads = self.graceful_exit.exit_by_request(grads, self.init_param, self.exit_param)
         if self.layer_stats:
-            sq = squared_norms(grads, self.segment_ids)
             if self.loss_scale:
-                sq = sq * (inv_scale * inv_scale)
+                sq = squared_norms(grads, self.segment_ids, inv_scale)
+            else:
+                sq = squared_norms(grads, self.segment_ids)
             ops.assign(self.layer_sq, sq)
             norm = ops.sqrt(ops.reduce_sum(sq))
+        elif self.loss_scale:
+            norm = unscaled_global_norm(grads, inv_scale)
         else:
             norm = global_norm(grads)
-            if self.loss_scale:
-                norm = norm * inv_scale
         finite = ops.isfinite(norm)
 
         zscore = self._zero
@@ -192,7 +198,7 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
         if self.may_skip:
             overflow = ops.logical_not(finite)
             if self.loss_scaling_manager is not None:
-                overflow = self.loss_scaling_manager(self.scale_sense, overflow)
+                overflow = self.loss_scaling_manager(self.scale_sense, ops.depend(overflow, scale_used))
             if self.skip_nonfinite or self.loss_scale:
                 apply = ops.logical_not(overflow)
             else:
@@ -218,7 +224,7 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
         parts = (ops.stack((loss32, norm, coef, zscore)), ops.cast(flags, ms.float32))
         # Tuple concatenation, not starred unpacking: GRAPH mode's parser handles the former.
         if self.loss_scale:
-            parts = parts + (ops.cast(scale_used, ms.float32).reshape((1,)),)  # noqa: RUF005
+            parts = parts + (scale_used,)  # noqa: RUF005
         if self.local_norm:
             parts = parts + (local.reshape((1,)),)  # noqa: RUF005
         row = ops.concat(parts).reshape((1, -1))
@@ -317,12 +323,13 @@ class MonitoredTrainStepWithLossScale(MonitoredTrainStep):
 
     def construct(self, *inputs):
         loss = self.network(*inputs)
-        scale = self.scale_sense
-        # The scale this step uses, read before the update cell can change it.
-        scale_used = ops.cast(scale, ms.float32).reshape(())
-        sens = ops.ones_like(loss) * ops.cast(scale_used, loss.dtype)
+        scale = ops.cast(self.scale_sense, ms.float32).reshape(())
+        # A copy of the scale this step uses (Stack writes a new buffer): a cast/reshape may alias the
+        # Parameter, which the update cell overwrites before the history row is written.
+        scale_used = ops.stack((scale,))
+        sens = ops.ones_like(loss) * ops.cast(scale, loss.dtype)
         grads = self.grad(self.network, self.weights)(*inputs, sens)
-        return self._monitored_update(loss, grads, 1.0 / scale_used, scale_used)
+        return self._monitored_update(loss, grads, 1.0 / scale, scale_used)
 
     def set_sense_scale(self, sens: Tensor) -> None:
         """Replace a fixed loss scale (same shape and dtype as the original ``scale_sense``)."""

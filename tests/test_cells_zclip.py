@@ -1,0 +1,152 @@
+"""The spike detector: numpy reference rules, the device update against it, config validation,
+plus the pure host helpers (ring unrolling, per-layer rows)."""
+
+from __future__ import annotations
+
+import math
+
+import mindspore as ms
+import numpy as np
+import pytest
+from gradmon.cells import HistorySnapshot, SpikeConfig
+from gradmon.cells.history import BASE_FIELDS, history_fields, unroll_ring
+from gradmon.cells.layer_stats import layer_rows
+from gradmon.cells.spike import zclip_update
+from gradmon.cells.zclip_reference import ZClipState, zclip_run, zclip_step
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mindspore import Tensor
+
+# ------------------------------------------------------------------------------ reference itself
+
+
+def test_reference_warmup_then_flags_a_large_outlier():
+    norms = [1.0 + 0.01 * (i % 5) for i in range(25)] + [1.02, 1000.0, 1.01]
+    steps, state = zclip_run(norms, warmup=25, alpha=0.97, z_threshold=2.5)
+    assert not any(s.spike for s in steps[:26]) and all(s.zscore == 0.0 for s in steps[:25])
+    spike = steps[26]
+    assert spike.spike and spike.zscore > 1000
+    # reciprocal target: mean + (z_thr^2 / z) * std, far below the raw norm and above the mean
+    assert 1.0 < spike.target < 1.1
+    assert not steps[27].spike
+    assert state.count == 28
+
+
+def test_reference_ignores_non_finite():
+    state = ZClipState()
+    for v in (1.0, 2.0, math.nan, math.inf):
+        zclip_step(state, v, warmup=3, alpha=0.9, z_threshold=2.0)
+    assert state.count == 2 and state.warm == [1.0, 2.0]
+
+
+def test_spike_config_validation():
+    assert not SpikeConfig().enabled and SpikeConfig(mode="skip").enabled
+    for bad in ({"mode": "loud"}, {"warmup": 1}, {"warmup": 2.5}, {"alpha": 1.0}, {"alpha": 0.0},
+                {"z_threshold": 0.0}):
+        with pytest.raises(ValueError):
+            SpikeConfig(**bad)
+
+
+# -------------------------------------------------------------- device update vs the reference
+
+
+def _device_run(norms, warmup, alpha, z_thr):
+    count = Tensor(0, ms.int32)
+    mean = Tensor(0.0, ms.float32)
+    var = Tensor(0.0, ms.float32)
+    out = []
+    for v in norms:
+        norm = Tensor(np.float32(v))
+        finite = Tensor(bool(np.isfinite(v)))
+        z, spike, target, count, mean, var = zclip_update(norm, finite, count, mean, var,
+                                                          warmup, alpha, z_thr)
+        out.append((float(z.asnumpy()), bool(spike.asnumpy()), float(target.asnumpy())))
+    return out, (int(count.asnumpy()), float(mean.asnumpy()), float(var.asnumpy()))
+
+
+norm_values = st.one_of(
+    st.floats(0.0625, 20.0, allow_nan=False, allow_infinity=False, width=32),
+    st.sampled_from([math.nan, math.inf, 500.0]),
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(norms=st.lists(norm_values, min_size=1, max_size=14),
+       warmup=st.integers(2, 5), alpha=st.sampled_from([0.5, 0.9, 0.97]), z_thr=st.sampled_from([1.0, 2.5]))
+def test_device_update_matches_reference(norms, warmup, alpha, z_thr):
+    norms = [float(np.float32(v)) for v in norms]
+    ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=alpha, z_threshold=z_thr)
+    dev_steps, (count, mean, var) = _device_run(norms, warmup, alpha, z_thr)
+    for ref, (z, spike, target), v in zip(ref_steps, dev_steps, norms):
+        if not math.isfinite(v):
+            assert z == 0.0 and not spike
+            continue
+        # a z-score within float32 noise of the threshold may legitimately land on either side
+        if abs(ref.zscore - z_thr) > 1e-3 * max(1.0, abs(ref.zscore)):
+            assert spike == ref.spike
+        if spike == ref.spike:
+            np.testing.assert_allclose(z, ref.zscore, rtol=1e-3, atol=1e-3)
+            np.testing.assert_allclose(target, ref.target, rtol=1e-4, atol=1e-6)
+    if all(s.spike == d[1] for s, d in zip(ref_steps, dev_steps)):
+        assert count == ref_state.count
+        if ref_state.count >= warmup:
+            ref_mean, ref_var = ref_state.mean, ref_state.var
+        elif ref_state.warm:  # mid warm-up the device keeps Welford's running mean and M2
+            ref_mean = sum(ref_state.warm) / len(ref_state.warm)
+            ref_var = sum((x - ref_mean) ** 2 for x in ref_state.warm)
+        else:
+            ref_mean = ref_var = 0.0
+        np.testing.assert_allclose(mean, ref_mean, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(var, ref_var, rtol=2e-3, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------- ring unroll
+
+
+def _ring_after(steps: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """What the device ring holds after ``steps`` steps whose loss column is the step number."""
+    fields = BASE_FIELDS
+    ring = np.zeros((size, len(fields)), np.float32)
+    for s in range(1, steps + 1):
+        ring[(s - 1) % size, 0] = s
+    counts = np.array([steps, 1, 2, 3, 4], np.int32)
+    return ring, counts
+
+
+@pytest.mark.parametrize(("steps", "size"), [(0, 4), (3, 4), (4, 4), (5, 4), (11, 4), (9, 1)])
+def test_unroll_ring_oldest_first_with_wraparound(steps, size):
+    ring, counts = _ring_after(steps, size)
+    snap = unroll_ring(ring, counts, BASE_FIELDS)
+    assert isinstance(snap, HistorySnapshot)
+    n = min(steps, size)
+    assert snap.total_steps == steps and snap.rows.shape == (n, len(BASE_FIELDS))
+    assert snap.first_step == steps - n + 1
+    assert snap.column("loss").tolist() == list(range(steps - n + 1, steps + 1))
+    assert snap.counters == {"clipped": 1, "spikes": 2, "skipped": 3, "nonfinite": 4}
+
+
+def test_history_fields_optional_columns():
+    assert history_fields(False, False) == BASE_FIELDS
+    assert history_fields(True, True)[-2:] == ("loss_scale", "grad_norm_local")
+
+
+# ---------------------------------------------------------------------------------- layer rows
+
+
+def test_layer_rows_sorted_topk_and_ratio():
+    rows = layer_rows(["a.w", "a.b", "b.w"], [9.0, 1.0, 16.0], [4.0, 0.0, 64.0], lr=0.1, top_k=2)
+    assert [r["name"] for r in rows] == ["b.w", "a.w"]
+    assert rows[0] == {"name": "b.w", "grad_norm": 4.0, "param_norm": 8.0,
+                       "update_ratio": pytest.approx(0.05)}
+    everything = layer_rows(["a.w", "a.b", "b.w"], [9.0, 1.0, 16.0], [4.0, 0.0, 64.0], lr=0.1, top_k=None)
+    assert everything[-1]["update_ratio"] == math.inf  # zero weights, non-zero gradient
+
+
+def test_layer_rows_groups_and_nan_first():
+    rows = layer_rows(["a.w", "a.b", "b.w"], [9.0, 16.0, math.nan], [1.0, 3.0, 1.0], lr=1.0,
+                      groups=["a.*", "b.*", "zzz.*"])
+    assert [r["name"] for r in rows] == ["b.*", "a.*"]
+    assert math.isnan(rows[0]["grad_norm"])
+    assert rows[1]["grad_norm"] == 5.0 and rows[1]["param_norm"] == 2.0
+    with pytest.raises(ValueError):
+        layer_rows(["a"], [1.0, 2.0], [1.0], lr=1.0)
