@@ -8,6 +8,7 @@ flat views, one square and one sum — three kernels however many tensors — in
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import mindspore as ms
@@ -16,7 +17,7 @@ from mindspore import Tensor, ops
 CLIP_EPS = 1e-6  # same guard as torch.nn.utils.clip_grad_norm_
 
 
-def _flat_fp32(grads: Any) -> Tensor:
+def flat_fp32(grads: Any) -> Tensor:
     """All of ``grads`` as one float32 vector (fp16/bf16 are cast before anything is squared)."""
     parts = [g.reshape(-1) if g.dtype == ms.float32 else ops.cast(g.reshape(-1), ms.float32) for g in grads]
     return ops.concat(parts)
@@ -30,7 +31,7 @@ def global_norm(grads: Any) -> Tensor:
     """
     if len(grads) == 0:
         raise ValueError("global_norm needs at least one tensor")
-    return ops.sqrt(ops.reduce_sum(ops.square(_flat_fp32(grads))))
+    return ops.sqrt(ops.reduce_sum(ops.square(flat_fp32(grads))))
 
 
 def unscaled_global_norm(grads: Any, inv_scale: Tensor) -> Tensor:
@@ -39,7 +40,7 @@ def unscaled_global_norm(grads: Any, inv_scale: Tensor) -> Tensor:
     For loss-scaled gradients: squaring first would overflow float32 once ``norm * scale``
     passes ~1.8e19, long before the gradients themselves overflow. One extra kernel on the flat view.
     """
-    return ops.sqrt(ops.reduce_sum(ops.square(_flat_fp32(grads) * inv_scale)))
+    return ops.sqrt(ops.reduce_sum(ops.square(flat_fp32(grads) * inv_scale)))
 
 
 def squared_norms(grads: Any, segment_ids: Tensor, inv_scale: Any = None) -> Tensor:
@@ -48,10 +49,23 @@ def squared_norms(grads: Any, segment_ids: Tensor, inv_scale: Any = None) -> Ten
     ``segment_ids`` is the int32 vector built by :func:`segment_ids_for` for the same shapes;
     ``inv_scale`` (optional float32 scalar) multiplies the gradients before squaring.
     """
-    flat = _flat_fp32(grads)
+    flat = flat_fp32(grads)
     if inv_scale is not None:
         flat = flat * inv_scale
     return ops.unsorted_segment_sum(ops.square(flat), segment_ids, len(grads))
+
+
+def split_like(flat: Tensor, shapes: Any, dtypes: Any) -> tuple:
+    """Inverse of :func:`flat_fp32`: one Split kernel back into tensors of ``shapes`` and ``dtypes``."""
+    sizes = [int(math.prod(s)) for s in shapes]
+    parts = ops.split(flat, sizes)
+    out = []
+    for i in range(len(sizes)):
+        part = parts[i].reshape(shapes[i])
+        if dtypes[i] != ms.float32:
+            part = ops.cast(part, dtypes[i])
+        out.append(part)
+    return tuple(out)
 
 
 def segment_ids_for(shapes: Any) -> Tensor:
