@@ -8,7 +8,6 @@ flat views, one square and one sum — three kernels however many tensors — in
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import mindspore as ms
@@ -55,19 +54,6 @@ def squared_norms(grads: Any, segment_ids: Tensor, inv_scale: Any = None) -> Ten
     return ops.unsorted_segment_sum(ops.square(flat), segment_ids, len(grads))
 
 
-def split_like(flat: Tensor, shapes: Any, dtypes: Any) -> tuple:
-    """Inverse of :func:`flat_fp32`: one Split kernel back into tensors of ``shapes`` and ``dtypes``."""
-    sizes = [int(math.prod(s)) for s in shapes]
-    parts = ops.split(flat, sizes)
-    out = []
-    for i in range(len(sizes)):
-        part = parts[i].reshape(shapes[i])
-        if dtypes[i] != ms.float32:
-            part = ops.cast(part, dtypes[i])
-        out.append(part)
-    return tuple(out)
-
-
 def segment_ids_for(shapes: Any) -> Tensor:
     """int32 vector mapping each element of the flattened tensors of ``shapes`` to its tensor index."""
     import numpy as np
@@ -78,13 +64,12 @@ def segment_ids_for(shapes: Any) -> Tensor:
 
 def scale_grads(grads: Any, factor: Tensor) -> tuple:
     """Every gradient times ``factor`` (a float32 scalar), keeping each gradient's dtype."""
-    return tuple(g * ops.cast(factor, g.dtype) for g in grads)
+    return tuple(g * factor if g.dtype == ms.float32 else g * ops.cast(factor, g.dtype) for g in grads)
 
 
 def clip_coefficient(norm: Tensor, max_norm: Any) -> Tensor:
     """``min(1, max_norm / (norm + 1e-6))`` as float32; ``max_norm`` may be a number or a tensor."""
-    coef = ops.cast(max_norm / (norm + CLIP_EPS), ms.float32)
-    return ops.minimum(coef, ops.ones_like(norm))
+    return ops.minimum(ops.cast(max_norm / (norm + CLIP_EPS), ms.float32), 1.0)
 
 
 def clip_by_global_norm(grads: Any, max_norm: Any) -> tuple:

@@ -30,7 +30,6 @@ from .norm_ops import (
     global_norm,
     scale_grads,
     segment_ids_for,
-    split_like,
     squared_norms,
     unscaled_global_norm,
 )
@@ -75,8 +74,6 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
         data-parallel reduction (and loss-scale unscaling), before clipping.
     """
 
-    flat_rescale = True  # rescale via the flat view (2 kernels) rather than per tensor (N kernels)
-
     def __init__(self, network: nn.Cell, optimizer: nn.Cell, sens: float | None = None, *,
                  max_norm: float | None = None, skip_nonfinite: bool = True, spike_mode: str = "off",
                  spike_warmup: int = 25, spike_alpha: float = 0.97, spike_z: float = 2.5,
@@ -120,9 +117,6 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
         self._false = Tensor(False, ms.bool_)
         self._max_norm_t = Tensor(max_norm if max_norm is not None else 1.0, ms.float32)
         self.weight_names = tuple(p.name for p in self.weights)
-        self.grad_shapes = tuple(tuple(p.shape) for p in self.weights)
-        self.grad_dtypes = tuple(p.dtype for p in self.weights)
-        self.flat_rescale = type(self).flat_rescale
         if not self.weight_names:
             raise ValueError("the optimizer has no parameters to train")
 
@@ -164,8 +158,8 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
         grads = self.grad_reducer(grads)
         if self.use_graceful_exit:
             grads = self.graceful_exit.exit_by_request(grads, self.init_param, self.exit_param)
-        # One flat float32 view of all gradients (unscaled) serves the norm and, when the
-        # gradients must be rescaled, the rescaling: one multiply and one Split, not one per tensor.
+        # One flat float32 view of all gradients: three kernels for the norm however many tensors.
+        # (Rescaling stays per tensor: measured, N multiplies beat one multiply plus a Split.)
         flat = flat_fp32(grads)
         if self.loss_scale:
             flat = flat * inv_scale
@@ -197,15 +191,9 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
             else:
                 limit = self._max_norm_t
             coef = ops.select(finite, clip_coefficient(norm, limit), self._one)
-            if self.flat_rescale:
-                grads = split_like(flat * coef, self.grad_shapes, self.grad_dtypes)
-            else:
-                grads = scale_grads(grads, coef * inv_scale)
+            grads = scale_grads(grads, coef * inv_scale) if self.loss_scale else scale_grads(grads, coef)
         elif self.loss_scale:
-            if self.flat_rescale:
-                grads = split_like(flat, self.grad_shapes, self.grad_dtypes)
-            else:
-                grads = scale_grads(grads, inv_scale)
+            grads = scale_grads(grads, inv_scale)
 
         apply = finite
         if self.may_skip:
