@@ -185,6 +185,24 @@ def test_model_train_without_sink(graph_mode):
     assert all(np.isfinite(w).all() for w in _weights(net))
 
 
+def test_model_train_with_dataset_sink_counts_steps_on_device(graph_mode):
+    from mindspore.dataset import GeneratorDataset
+    from mindspore.train import Model
+
+    batches = [_batch(i) for i in range(6)]
+    batches[4] = _nan_batch()
+    dataset = GeneratorDataset([(x.asnumpy(), y.asnumpy()) for x, y in batches], column_names=["x", "y"],
+                               shuffle=False)
+    net = _make("mlp")
+    step = MonitoredTrainStep(with_loss(net), nn.Adam(net.trainable_params(), 1e-2), history_size=8)
+    Model(step).train(1, dataset, dataset_sink_mode=True)
+    snap = step.gradmon_read_history()  # the host saw none of these steps one by one
+    assert snap.total_steps == 6 and snap.first_step == 1
+    assert snap.column("skipped").tolist() == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    assert snap.counters["nonfinite"] == 1
+    assert all(np.isfinite(w).all() for w in _weights(net))
+
+
 # ---------------------------------------------------------------------------------- loss scale
 
 
