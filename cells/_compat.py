@@ -10,7 +10,7 @@ SUPPORTED_RANGE = "MindSpore 2.7 to 2.10"
 
 # mindspore.ops functions the graph code calls; all exist in 2.7 through 2.10.
 _REQUIRED_OPS = (
-    "assign", "cast", "concat", "depend", "fill", "isfinite", "logical_and", "logical_not",
+    "assign", "broadcast_to", "cast", "concat", "depend", "fill", "isfinite", "logical_and", "logical_not",
     "maximum", "minimum", "ones_like", "reduce_sum", "scatter_update", "select", "sqrt", "square",
     "stack", "unsorted_segment_sum",
 )

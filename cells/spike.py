@@ -48,36 +48,36 @@ class SpikeConfig:
         return self.mode != "off"
 
 
-def zclip_update(norm: Tensor, finite: Tensor, count: Tensor, mean: Tensor, var: Tensor,
-                 warmup: int, alpha: float, z_threshold: float) -> tuple:
+def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha: float,
+                 z_threshold: float) -> tuple:
     """One detector step on device.
 
-    ``norm`` (float32 scalar) and ``finite`` (bool scalar) describe this step; ``count`` (int32),
-    ``mean`` and ``var`` (float32; ``var`` holds Welford's M2 during warm-up) are the state before it.
-    Returns ``(zscore, spike, target, new_count, new_mean, new_var)``: ``zscore`` is 0 during warm-up
-    and on non-finite steps, ``target`` is the reciprocal clip target on a spike and ``norm``
-    otherwise. Non-finite steps leave the state unchanged.
+    ``norm`` (float32 scalar) and ``finite`` (bool scalar) describe this step; ``state`` is the
+    float32 vector ``[count, mean, var]`` before it (``count``: finite steps seen; float32 is exact
+    far beyond any warm-up length, and past 2**24 only the comparison with ``warmup`` matters).
+    Returns ``(zscore, spike, target, new_state)``: ``zscore`` is 0 during warm-up and on
+    non-finite steps, ``target`` is the reciprocal clip target on a spike and ``norm`` otherwise.
+    Non-finite steps leave the state unchanged.
+
+    Warm-up and EMA share one recursion, ``mean += w * (g - mean)`` and
+    ``var += w * (e * d - var)`` with ``e = g - mean_new``: during warm-up ``w = 1 / n`` and
+    ``d = g - mean_old`` (Welford's population mean and variance, so ``var`` is already the
+    warm-up variance when the EMA takes over); afterwards ``w = 1 - alpha`` and ``d = e`` (ZClip's
+    EMA). About 30 scalar kernels, no branches.
     """
-    zero = ops.zeros_like(norm)
-    one = ops.ones_like(norm)
+    count, mean, var = state[0], state[1], state[2]
     in_warmup = count < warmup
-    active = ops.logical_and(finite, ops.logical_not(in_warmup))
-    std = ops.sqrt(ops.maximum(var, zero))
+    active = ops.logical_and(finite, count >= warmup)
+    std = ops.sqrt(var)
     z_raw = (norm - mean) / (std + ZSCORE_EPS)
-    zscore = ops.select(active, z_raw, zero)
-    spike = ops.logical_and(active, zscore > z_threshold)
-    z_safe = ops.select(spike, zscore, one)
-    target = ops.select(spike, mean + (z_threshold * z_threshold / z_safe) * std, norm)
-    # Warm-up: Welford's running mean and M2; at the last warm-up step M2 becomes the variance.
-    n_new = ops.cast(count + 1, ms.float32)
+    spike = ops.logical_and(active, z_raw > z_threshold)
+    zscore = ops.select(active, z_raw, ops.zeros_like(norm))
+    # On a spike z_raw > z_threshold > 0; elsewhere the quotient is discarded by select.
+    target = ops.select(spike, mean + (z_threshold * z_threshold) * std / z_raw, norm)
+    weight = ops.select(in_warmup, 1.0 / (count + 1.0), ops.fill(ms.float32, (), 1.0 - alpha))
     delta = target - mean
-    mean_w = mean + delta / n_new
-    m2_w = var + delta * (target - mean_w)
-    var_w = ops.select(count + 1 == warmup, m2_w / n_new, m2_w)
-    # After warm-up: exponential moving averages fed with the effective (clipped) norm.
-    mean_e = alpha * mean + (1.0 - alpha) * target
-    var_e = alpha * var + (1.0 - alpha) * ops.square(target - mean_e)
-    new_mean = ops.select(finite, ops.select(in_warmup, mean_w, mean_e), mean)
-    new_var = ops.select(finite, ops.select(in_warmup, var_w, var_e), var)
-    new_count = count + ops.cast(finite, ms.int32)
-    return zscore, spike, target, new_count, new_mean, new_var
+    new_mean = mean + weight * delta
+    err = target - new_mean
+    new_var = var + weight * (err * ops.select(in_warmup, delta, err) - var)
+    new_state = ops.select(ops.broadcast_to(finite, (3,)), ops.stack((count + 1.0, new_mean, new_var)), state)
+    return zscore, spike, target, new_state

@@ -121,12 +121,9 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
             raise ValueError("the optimizer has no parameters to train")
 
         if self.spike_on:
-            def state(value: Tensor, name: str) -> Parameter:
-                return Parameter(value, name=f"gradmon_spike_{name}", requires_grad=False)
-
-            self.spike_count = state(Tensor(0, ms.int32), "count")
-            self.spike_mean = state(Tensor(0.0, ms.float32), "mean")
-            self.spike_var = state(Tensor(0.0, ms.float32), "var")
+            # [finite steps seen, mean, variance] of the detector, one vector: one read, one write.
+            self.spike_state = Parameter(Tensor(np.zeros(3, np.float32)), name="gradmon_spike_state",
+                                         requires_grad=False)
         if layer_stats:
             self.segment_ids = segment_ids_for([p.shape for p in self.weights])
             self.layer_sq = Parameter(Tensor(np.zeros(len(self.weight_names), np.float32)),
@@ -175,12 +172,9 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
         spike = self._false
         target = norm
         if self.spike_on:
-            zscore, spike, target, count, mean, var = zclip_update(
-                norm, finite, self.spike_count, self.spike_mean, self.spike_var,
-                self.spike_warmup, self.spike_alpha, self.spike_z)
-            ops.assign(self.spike_count, count)
-            ops.assign(self.spike_mean, mean)
-            ops.assign(self.spike_var, var)
+            zscore, spike, target, state = zclip_update(norm, finite, self.spike_state, self.spike_warmup,
+                                                        self.spike_alpha, self.spike_z)
+            ops.assign(self.spike_state, state)
 
         coef = self._one
         if self.clips:
