@@ -103,3 +103,13 @@ def test_matches_torch_clip_grad_norm(max_norm):
     np.testing.assert_allclose(float(norm.asnumpy()), torch_norm, rtol=1e-6)
     for c, p in zip(clipped, params):
         np.testing.assert_allclose(c.asnumpy(), p.grad.numpy(), rtol=1e-6, atol=1e-9)
+
+
+def test_compat_errors_name_the_supported_range():
+    from gradmon.cells import SUPPORTED_RANGE, UnsupportedMindSporeError
+    from gradmon.cells._compat import check_train_cell_layout, require_supported
+
+    require_supported()  # the installed MindSpore is a supported one
+    with pytest.raises(UnsupportedMindSporeError, match=r"2\.7 to 2\.10") as info:
+        check_train_cell_layout(object())
+    assert SUPPORTED_RANGE in str(info.value) and "grad_reducer" in str(info.value)
