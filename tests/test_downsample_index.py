@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gradmon.jsonl import encode_record
+from gradmon.server import parse
 from gradmon.server.downsample import downsample_indices
 from gradmon.server.index import BUCKET, RunIndex, Summary, merge_series, merge_summaries
 
@@ -101,3 +104,45 @@ def test_marks_events_eval_headers_and_end():
     assert idx.events_in(3, 9) == [] and len(idx.events_in(1, 2)) == 1
     idx.add({"type": "header", "run_id": "b"}, 60)  # a restart: a new segment, not ended
     assert idx.ended is None and len(idx.headers) == 2
+
+
+@pytest.mark.parametrize("orjson", [True, False])
+def test_batched_building_matches_record_by_record_and_marks_late_overflow(orjson, monkeypatch):
+    """Lines indexed in batches give the same pyramid as records added one by one; a number
+    literal too big for a float (1e999, never flagged by the writer) still gets its mark."""
+    if not orjson:
+        monkeypatch.setattr(parse, "_orjson_loads", None)
+
+    recs = [{"type": "header", "run_id": "a"}]
+    for i in range(1, 3 * BUCKET + 7):
+        rec = {"type": "step", "step": i, "ts": 1e9 + i, "loss": math.sin(i), "grad_norm": float(i % 13)}
+        if i == 50:
+            rec.update(spike=True, grad_norm=1e6)
+        if i == 70:
+            rec.update(loss=math.nan, nonfinite=True)
+        if i == 99:
+            rec["extra"] = 7  # a field that appears late
+        recs.append(rec)
+    lines = [encode_record(r).rstrip("\n").encode() for r in recs]
+    lines[200] = lines[200].replace(b'"grad_norm":', b'"grad_norm":1e999,"x":')  # overflow literal
+    lines.insert(10, b"garbage")
+    one, batched = RunIndex(), RunIndex()
+    pairs, end = [], 0
+    for ln in lines:
+        one.add_line(ln, end)
+        end += len(ln) + 1
+        pairs.append((end, ln))
+    for k in range(0, len(pairs), 37):
+        batched.add_lines(pairs[k:k + 37], pairs[k - 1][0] if k else 0)
+    for idx in (one, batched):
+        assert idx.malformed == 1 and idx.records == len(recs) and idx.step_records == len(recs) - 1
+        assert idx.fields == ["loss", "grad_norm", "extra", "x"] and idx.series_names()[-1] == "ts"
+        assert (50, "spike", "grad_norm", 1e6) in idx.marks
+        assert any(m[:3] == (70, "nonfinite", "loss") and math.isnan(m[3]) for m in idx.marks)
+        assert (200, "nonfinite", "grad_norm", math.inf) in idx.marks
+        assert idx.levels[0].size == 3
+    a, b = one.levels[0], batched.levels[0]
+    assert list(a.offset) == list(b.offset)
+    assert {n: [list(c) for c in cols] for n, cols in a.fields.items()} == \
+        {n: [list(c) for c in cols] for n, cols in b.fields.items()}
+    assert one._open.fields == batched._open.fields and one._open.n == 6

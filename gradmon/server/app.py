@@ -213,7 +213,7 @@ class GradmonServer:
                 text = records_message(run.name, batch.gen, batch.prev, batch.cursor, batch.lines)
             c.pos[run.name] = (batch.gen, batch.cursor)
             c.push(text, run.name)
-        if any(r["type"] in ("end", "header") for r in batch.records) and run.update_status():
+        if batch.status_changing and run.update_status():
             self._broadcast_runs()
 
     def _broadcast_runs(self) -> None:

@@ -92,6 +92,7 @@ class Batch:
     cursor: int
     lines: list[bytes]  # the raw valid lines, strict JSON already (sent as they are)
     records: list[dict]
+    status_changing: bool = False  # holds a header or an end record (the run's status may change)
 
 
 class Run:
@@ -138,16 +139,10 @@ class Run:
             prev = 0
         batch = None
         if res.lines and self.tailer.gen is not None:
-            raw: list[bytes] = []
-            recs: list[dict] = []
-            start = prev
-            for end, line in res.lines:
-                rec = self.index.add_line(line, start)
-                if rec is not None:
-                    raw.append(line.strip())  # type: ignore[union-attr]
-                    recs.append(rec)
-                start = end
-            batch = Batch(self.tailer.gen, prev, self.tailer.offset, raw, recs)
+            marks_status = self.index.status_records
+            parsed = self.index.add_lines(res.lines, prev)
+            batch = Batch(self.tailer.gen, prev, self.tailer.offset, parsed.raw, parsed.records,
+                          self.index.status_records != marks_status)
         if not res.more:
             self.indexing = False
         return res.reset, batch, res.more

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
+from itertools import accumulate, repeat
+from operator import add
 
 __all__ = ["MAX_LINE_BYTES", "FileTailer", "LineSplitter", "TailResult", "make_gen", "read_lines"]
 
@@ -45,33 +47,47 @@ class LineSplitter:
 
     def feed(self, data: bytes) -> list[tuple[int, bytes | None]]:
         out: list[tuple[int, bytes | None]] = []
+        if not data:
+            return out
         base = self.fed
-        pos = 0
-        n = len(data)
-        while pos < n:
-            nl = data.find(b"\n", pos)
-            if nl < 0:
-                if not self._oversize:
-                    if len(self._buf) + (n - pos) > self.max_line:
-                        self._oversize = True
-                        self._buf = bytearray()
-                    else:
-                        self._buf += data[pos:]
-                break
-            end = base + nl + 1
-            line: bytes | None
-            if self._oversize or len(self._buf) + (nl - pos) > self.max_line:
-                line = None
+        self.fed = base + len(data)
+        parts = data.split(b"\n")  # one C call for the whole block; the last part is unfinished
+        rest = parts.pop()
+        max_line = self.max_line
+        if parts:
+            first = parts[0]
+            end = base + len(first) + 1
+            if self._oversize or len(self._buf) + len(first) > max_line:
+                line: bytes | None = None
             else:
-                line = bytes(self._buf) + data[pos:nl] if self._buf else data[pos:nl]
+                line = bytes(self._buf) + first if self._buf else first
                 if line.endswith(b"\r"):
                     line = line[:-1]
             out.append((end, line))
             self._buf = bytearray()
             self._oversize = False
+            del parts[0]
+            if parts:
+                cr = b"\r" in data
+                if not cr and max(map(len, parts)) <= max_line:  # the common block: plain lines
+                    ends = list(accumulate(map(add, map(len, parts), repeat(1)), initial=end))
+                    del ends[0]  # (that is the first line's end, already out)
+                    end = ends[-1]
+                    out.extend(zip(ends, parts))
+                else:
+                    for p in parts:
+                        end += len(p) + 1
+                        if len(p) > max_line:
+                            out.append((end, None))
+                        else:
+                            out.append((end, p[:-1] if cr and p.endswith(b"\r") else p))
             self.line_start = end
-            pos = nl + 1
-        self.fed = base + n
+        if rest and not self._oversize:
+            if len(self._buf) + len(rest) > max_line:
+                self._oversize = True
+                self._buf = bytearray()
+            else:
+                self._buf += rest
         return out
 
 
