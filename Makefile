@@ -15,6 +15,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
+# PyTorch (CPU build) is only an independent reference for the cross-check tests, never a runtime
+# dependency. `make test TORCH=` skips installing it (those tests then skip).
+TORCH ?= torch==2.13.0
+TORCH_STAMP := $(VENV)/.torch
+$(TORCH_STAMP): | $(STAMP)
+	$(if $(TORCH),$(BIN)/python -m pip install -q "$(TORCH)")
+	touch $@
+
 install: $(STAMP)
 
 # The page's third-party code (ECharts) comes from the npm registry via the lockfile and is built
@@ -34,7 +42,7 @@ demo: $(STAMP) dashboard
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP) dashboard browser
+test: $(STAMP) $(TORCH_STAMP) dashboard browser
 	$(BIN)/ruff check .
 	cd dashboard && npm test
 	$(BIN)/python -m pytest -q
