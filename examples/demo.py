@@ -48,7 +48,8 @@ def make_datasets(batch_size: int, small: bool):
     x_train, y_train, x_test, y_test = digits()
     if small:
         x_train, y_train, x_test, y_test = x_train[:256], y_train[:256], x_test[:128], y_test[:128]
-    train = ds.NumpySlicesDataset({"x": x_train, "y": y_train}, shuffle=True).batch(batch_size, drop_remainder=True)
+    train = ds.NumpySlicesDataset({"x": x_train, "y": y_train}, shuffle=True)
+    train = train.batch(batch_size, drop_remainder=True)
     valid = ds.NumpySlicesDataset({"x": x_test, "y": y_test}, shuffle=False).batch(batch_size)
     return train, valid
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import mindspore as ms
     from mindspore import nn
-    from mindspore.train import Accuracy, Loss, Model
+    from mindspore.train import Accuracy, Model
 
     from examples.models import TinyTransformer, count_params
     from gradmon import LiveMonitor, MonitoredTrainStep
@@ -88,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         nn.WithLossCell(net, loss_fn), optimizer, max_norm=args.max_norm or None, spike_mode=args.spike_mode
     )
     eval_net = nn.WithEvalCell(net, loss_fn)
-    model = Model(step, eval_network=eval_net, metrics={"accuracy": Accuracy(), "loss": Loss()},
-                  eval_indexes=[0, 1, 2])
+    # Model.fit adds the held-out loss ("eval_loss") to the metrics by itself.
+    model = Model(step, eval_network=eval_net, metrics={"accuracy": Accuracy()}, eval_indexes=[0, 1, 2])
     config = {
         "model": "TinyTransformer",
         "params": count_params(net),

@@ -20,7 +20,9 @@ class MLP(nn.Cell):
     def __init__(self, in_dim: int = 64, hidden: int = 208, classes: int = 10) -> None:
         super().__init__()
         self.body = nn.SequentialCell(
-            nn.Dense(in_dim, hidden), nn.ReLU(), nn.Dense(hidden, hidden), nn.ReLU(), nn.Dense(hidden, classes)
+            nn.Dense(in_dim, hidden), nn.ReLU(),
+            nn.Dense(hidden, hidden), nn.ReLU(),
+            nn.Dense(hidden, classes),
         )
 
     def construct(self, x):
@@ -101,7 +103,9 @@ def with_loss(net: nn.Cell) -> nn.Cell:
     return nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
 
 
-def digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def digits(
+    test_fraction: float = 0.2, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """scikit-learn's bundled 8x8 digits, scaled to [0, 1]: ``(x_train, y_train, x_test, y_test)``.
 
     ``x`` is float32 ``[n, 64]``, ``y`` int32 ``[n]``; the split is stratified-free but seeded.
