@@ -28,7 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--max-norm", type=float, default=1.0, help="fixed clip threshold (0 disables)")
+    p.add_argument("--max-norm", type=float, default=2.0, help="fixed clip threshold (0 disables)")
     p.add_argument("--spike-mode", default="clip", choices=["off", "detect", "clip", "skip"])
     p.add_argument("--mode", default="GRAPH", choices=["GRAPH", "PYNATIVE"])
     p.add_argument("--log-interval", type=int, default=1)
