@@ -484,7 +484,6 @@ class LiveMonitor(Callback):
 
     def _write_steps(self, records: list[dict[str, Any]]) -> None:
         """Write step records with their events, and apply the abort policy."""
-        abort_step = None
         for record in records:
             self._emit(record)
             for event in events_for_step(record, record.get("ts")):
@@ -493,10 +492,10 @@ class LiveMonitor(Callback):
                 isinstance(record.get(k), float) and not math.isfinite(record[k])
                 for k in ("loss", "grad_norm")
             )
-            if self._bad.update(bad) and abort_step is None and self._status != "aborted":
-                abort_step = record["step"]
-        if abort_step is not None:
-            self._abort(abort_step)
+            # One history read can hold more bad steps than the limit: the abort belongs to the
+            # step that reached it, with that step's count, right after that step's record.
+            if self._bad.update(bad) and self._status != "aborted":
+                self._abort(record["step"], self._bad.consecutive)
 
     def _maybe_layer_stats(self, step: int, ts: float) -> None:
         every = self.layer_stats_every
@@ -518,8 +517,7 @@ class LiveMonitor(Callback):
 
     # -- abort policy -------------------------------------------------------------------------
 
-    def _abort(self, step: int) -> None:
-        consecutive = self._bad.consecutive
+    def _abort(self, step: int, consecutive: int) -> None:
         checkpoint = None
         note = ""
         if self.abort_checkpoint and self._rank == 0:  # data-parallel weights are the same on every rank

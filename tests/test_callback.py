@@ -412,6 +412,22 @@ def test_abort_after_consecutive_bad_steps_saves_last_good_weights(tmp_path, kin
     assert monitor.should_stop
 
 
+def test_abort_inside_one_history_read_is_placed_at_the_step_that_reached_the_limit(tmp_path):
+    # log_interval=10: steps 3..9 are all bad and are read back in one go at step 10.
+    cell, _ = history_cell("real")
+    path = tmp_path / "metrics.jsonl"
+    Model(cell).train(1, dataset(12, nan_steps=list(range(3, 10))),
+                      callbacks=[LiveMonitor(path, log_interval=10, abort_after=3)])
+    recs = records(path)
+    abort = [r for r in recs if r["type"] == "event" and r["kind"] == "abort"]
+    assert len(abort) == 1 and abort[0]["step"] == 5 and abort[0]["consecutive"] == 3
+    # The abort event follows step 5's record and events, before step 6's record.
+    i = recs.index(abort[0])
+    assert [r["step"] for r in recs[:i] if r["type"] == "step"][-1] == 5
+    assert next(r["step"] for r in recs[i:] if r["type"] == "step") == 6
+    assert recs[-1]["type"] == "end" and recs[-1]["status"] == "aborted"
+
+
 def test_abort_with_a_cell_that_does_not_skip_saves_no_nan_checkpoint(tmp_path):
     net = mlp()
     plain = nn.TrainOneStepCell(NanAwareLoss(net), nn.SGD(net.trainable_params(), learning_rate=0.05))
