@@ -26,11 +26,10 @@ from array import array
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any
 
-from gradmon.jsonl import RecordError, decode_line
 from gradmon.server.downsample import downsample_indices
 from gradmon.server.parse import ParsedLines, parse_lines
 
@@ -46,7 +45,10 @@ MAX_MARKS = 20_000
 MAX_EVENTS = 5_000
 MAX_HEADERS = 1_000
 MAX_EVAL_POINTS = 200_000
-EXACT_READ_MAX = 32_768  # step records a history request may read back from the file
+EXACT_READ_MAX = 32_768  # step records a history request may read back from the file...
+# ...or, so that even a range too short for the pyramid gets half the points asked for (the base
+# level has 4 points per BUCKET records: 16 records per point asked for), up to this many.
+READ_MAX = 131_072
 
 # Numeric fields of a step record that are coordinates or bookkeeping, not series.
 NOT_SERIES = frozenset({"step", "epoch", "ts", "schema", "pid", "rank", "world_size"})
@@ -513,7 +515,9 @@ class RunIndex:
 
     def cover(self, start: float, end: float, max_nodes: int) -> list[tuple[int, int]]:
         """Nodes ``(level, index)`` (level -1: the open bucket), in file order, that overlap the
-        step range ``[start, end]``: the finest level whose node count stays within ``max_nodes``."""
+        step range ``[start, end]``: the finest level whose node count stays within ``max_nodes``,
+        with an evenly spread part of its nodes split one level further to come close to
+        ``max_nodes`` (a whole level more would be up to ``FANOUT`` times too many)."""
         nodes: list[tuple[int, int]] = []
         covered = 0  # base buckets covered by the coarser levels already listed
         for level in range(len(self.levels) - 1, -1, -1):
@@ -537,8 +541,26 @@ class RunIndex:
                     if self._overlaps((lv - 1, c), start, end):
                         refined.append((lv - 1, c))
             if len(refined) > max_nodes:
-                return self._refine_edges(nodes, start, end)
+                return self._refine_edges(self._refine_some(nodes, top, max_nodes, start, end), start, end)
             nodes = refined
+
+    def _refine_some(self, nodes: list[tuple[int, int]], top: int, max_nodes: int, start: float,
+                     end: float) -> list[tuple[int, int]]:
+        """Split evenly spread nodes of level ``top`` into their children, as many as fit in
+        ``max_nodes`` (each split adds at most ``FANOUT - 1`` nodes)."""
+        tops = [k for k, (lv, _) in enumerate(nodes) if lv == top]
+        n_split = min(len(tops), (max_nodes - len(nodes)) // (FANOUT - 1))
+        if n_split <= 0:
+            return nodes
+        split = {tops[(j * len(tops)) // n_split] for j in range(n_split)}
+        out: list[tuple[int, int]] = []
+        for k, (lv, i) in enumerate(nodes):
+            if k not in split:
+                out.append((lv, i))
+                continue
+            out.extend((lv - 1, c) for c in range(i * FANOUT, i * FANOUT + FANOUT)
+                       if self._overlaps((lv - 1, c), start, end))
+        return out
 
     def _partial(self, node: tuple[int, int], start: float, end: float) -> bool:
         s = self._node(node)
@@ -577,9 +599,10 @@ class RunIndex:
         buckets = max(1, points // 4)
         nodes = self.cover(start, end, buckets)
         count = sum(self._count(nd) for nd in nodes)
-        coarse = 4 * len(nodes) < points // 2  # the pyramid would give too few points
-        if count <= points or (coarse and count <= EXACT_READ_MAX):
-            fine = self.cover(start, end, EXACT_READ_MAX // BUCKET + 8)
+        coarse = 4 * len(nodes) < points // 2  # even base buckets would give too few points
+        read_max = min(max(EXACT_READ_MAX, 16 * points), READ_MAX)
+        if count <= points or (coarse and count <= read_max):
+            fine = self.cover(start, end, read_max // BUCKET + 8)
             if fine and all(lv <= 0 for lv, _ in fine):
                 return HistoryPlan(
                     kind="exact" if count <= points else "read",
@@ -666,49 +689,61 @@ def _unkey(v: Any) -> float:
     return math.nan if v == ("nan",) else v
 
 
+def _plain_floats(column: list[Any], finite_only: bool) -> list[float] | None:
+    """The column as floats when every value is a number (and finite, if asked), else ``None``."""
+    if not set(map(type, column)) <= _FAST_TYPES:
+        return None
+    try:
+        values = list(map(float, column))
+    except OverflowError:
+        return None
+    if finite_only and not math.isfinite(sum(values)):
+        return None
+    return values
+
+
 def series_from_lines(lines: Iterable[tuple[int, bytes | None]], start: float, end: float,
                       points: int) -> tuple[dict[str, tuple[list[int], list[float]]], bool]:
-    """Series of the step records among ``lines`` with steps in ``[start, end]``.
+    """Series of the step records among ``lines`` with steps in ``[start, end]`` (the numeric
+    fields and ``ts``), in file order.
 
     Returns ``(series, exact)``: all points when there are at most ``points`` records, else each
     series downsampled to ``points // 4`` buckets keeping flagged steps and non-finite values.
     """
-    steps_by: dict[str, list[int]] = {}
-    values_by: dict[str, list[float]] = {}
-    flagged: dict[str, set[int]] = {}
-    n = 0
-    for _end, line in lines:
-        if line is None or b'"step"' not in line:
-            continue
-        try:
-            rec = decode_line(line)
-        except RecordError:
-            continue
-        if rec["type"] != "step":
-            continue
-        step = rec["step"]
-        if not start <= step <= end:
-            continue
-        n += 1
-        is_flagged = any(rec.get(flag) is True for flag, _ in MARK_FLAGS)
-        for name, raw in rec.items():
-            if name in NOT_SERIES and name != TS:
-                continue
-            v = _number(raw)
-            if v is None or (name == TS and not math.isfinite(v)):
-                continue
-            steps = steps_by.setdefault(name, [])
-            if is_flagged:
-                flagged.setdefault(name, set()).add(len(steps))
-            steps.append(step)
-            values_by.setdefault(name, []).append(v)
-    exact = n <= points
+    recs = [r for r in parse_lines(list(lines), 0).records
+            if r["type"] == "step" and start <= r["step"] <= end]
+    exact = len(recs) <= points
+    if not recs:
+        return {}, exact
+    steps = list(map(itemgetter("step"), recs))
+    names = dict.fromkeys(chain.from_iterable(recs))  # every key, in order of first appearance
+    flagged: set[int] = set()  # positions of records with a flag set
+    for flag, _kind in MARK_FLAGS:
+        if flag in names:
+            column = list(map(dict.get, recs, repeat(flag)))
+            if True in column:
+                flagged.update(i for i, v in enumerate(column) if v is True)
     series = {}
-    for name, steps in steps_by.items():
-        values = values_by[name]
+    for name in names:
+        if name in NOT_SERIES and name != TS:
+            continue
+        column = list(map(dict.get, recs, repeat(name)))
+        if set(map(type, column)).isdisjoint(_FAST_TYPES):
+            continue  # no number at all (flags, text)
+        values = _plain_floats(column, finite_only=name == TS)
+        if values is not None:  # the common column: a number in every record
+            s_steps, keep = steps, flagged
+        else:
+            pos = [i for i, raw in enumerate(column)
+                   if (v := _number(raw)) is not None and (name != TS or math.isfinite(v))]
+            if not pos:
+                continue
+            values = [_number(column[i]) for i in pos]  # type: ignore[misc]
+            s_steps = [steps[i] for i in pos]
+            keep = {k for k, i in enumerate(pos) if i in flagged} if flagged else set()
         if not exact:
-            idx = downsample_indices(values, max(1, points // 4), flagged.get(name, ()))
-            steps = [steps[i] for i in idx]
+            idx = downsample_indices(values, max(1, points // 4), keep)
+            s_steps = [s_steps[i] for i in idx]
             values = [values[i] for i in idx]
-        series[name] = (steps, values)
+        series[name] = (list(s_steps), values)
     return series, exact

@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import is_not
 from typing import Any
 
 # The field-type rules of ``validate_record``, checked here a column at a time.
@@ -86,25 +87,16 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
                 decoded[i] = None
     flagged = {i for i, (_e, ln) in enumerate(lines) if ln is not None and b"true" in ln} \
         if b"true" in blob else set()
-    n_slow = decoded.count(None)
-    fast_valid = _all_valid([r for r in decoded if r is not None] if n_slow else decoded)
-    if fast_valid and not n_slow:  # the common batch: every line took the fast path, all valid
-        out.records = decoded
-        out.raw = [ln for _e, ln in lines]  # type: ignore[misc]
-        offsets = [e for e, _ln in lines]  # each line starts where the one before ended
-        offsets.pop()
-        offsets.insert(0, start)
-        out.offsets = offsets
-        out.check = sorted(flagged)
-        return out
+    slow = [i for i, r in enumerate(decoded) if r is None] if decoded.count(None) else []
+    if _all_valid([r for r in decoded if r is not None] if slow else decoded):
+        return _assemble(lines, start, decoded, slow, flagged, out)
     records, offsets, raw, check = out.records, out.offsets, out.raw, out.check
     offset = start
     for i, (end, line) in enumerate(lines):
         rec = decoded[i]
-        if rec is not None:
+        if rec is not None:  # some fast-path record is invalid: check each one
             try:
-                if not fast_valid:
-                    validate_record(rec)
+                validate_record(rec)
             except RecordError:
                 rec = None
             else:
@@ -125,6 +117,40 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
         records.append(rec)
         offsets.append(offset)
         offset = end
+    return out
+
+
+def _assemble(lines: Sequence[tuple[int, bytes | None]], start: int, decoded: list[Any],
+              slow: list[int], flagged: set[int], out: ParsedLines) -> ParsedLines:
+    """The result when every fast-path record is valid: ``decode_line`` decides the lines at
+    positions ``slow`` only (the common batch has none)."""
+    raw: list[Any] = [ln for _e, ln in lines]
+    offsets = [e for e, _ln in lines]  # each line starts where the one before ended
+    offsets.pop()
+    offsets.insert(0, start)
+    check = set(flagged)
+    bad: list[int] = []
+    for i in slow:
+        line = raw[i]
+        try:
+            rec = decode_line(line) if line is not None else None
+        except (RecordError, RecursionError):
+            rec = None
+        if rec is None:
+            bad.append(i)
+            continue
+        decoded[i] = rec
+        raw[i] = line.strip()
+        check.add(i)
+    if bad:
+        out.malformed = len(bad)
+        drop = set(bad)
+        keep = [i for i in range(len(lines)) if i not in drop]
+        decoded = [decoded[i] for i in keep]
+        raw = [raw[i] for i in keep]
+        offsets = [offsets[i] for i in keep]
+        check = {k for k, i in enumerate(keep) if i in check}
+    out.records, out.raw, out.offsets, out.check = decoded, raw, offsets, sorted(check)
     return out
 
 
@@ -164,13 +190,22 @@ def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], blanks: bool) 
     index turns into floats anyway: the one difference in the result, a step record's huge
     integer value given as a float. Non-step records are left to ``decode_line`` (kept whole)."""
     loads = _orjson_loads
-    try:  # the common batch, without a Python loop: all lines parse, all are step records
-        objs = list(map(loads, [ln for _e, ln in lines]))  # type: ignore[arg-type]
+    texts = [ln for _e, ln in lines]
+    try:  # the common batch, without a Python loop per line: every line parses
+        objs = list(map(loads, texts))  # type: ignore[arg-type]
     except (ValueError, TypeError):
         pass
     else:
-        if not blanks and set(map(type, objs)) == {dict} and \
-                list(map(dict.get, objs, repeat("type"))).count("step") == len(objs):
+        if set(map(type, objs)) == {dict}:
+            kinds = list(map(dict.get, objs, repeat("type")))
+            not_candidates = [i for i, k in enumerate(kinds) if k != "step"] \
+                if kinds.count("step") != len(objs) else []  # other records are decode_line's
+            if blanks:  # (bytes.strip returns the very same object when there is nothing to strip)
+                padded = list(map(is_not, texts, map(bytes.strip, texts)))  # type: ignore[arg-type]
+                if True in padded:
+                    not_candidates += [i for i, p in enumerate(padded) if p]
+            for i in not_candidates:
+                objs[i] = None
             return objs
     decoded: list[Any] = []
     append = decoded.append

@@ -1,0 +1,85 @@
+"""A history request gets about the points it asks for, whatever the range: between half and all
+of them (4 per bucket), never more (but for the nodes split at the range's two ends)."""
+
+from __future__ import annotations
+
+import bisect
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradmon.jsonl import encode_record
+from gradmon.server.index import FANOUT, RunIndex, series_from_lines
+
+N = 300_000  # step records in the run
+
+
+@pytest.fixture(scope="module")
+def run():
+    """A noisy run (4 distinct points per bucket: first, last, min, max) and its 'file'."""
+    rnd = random.Random(7)
+    lines, ends, end = [], [], 0
+    for i in range(1, N + 1):
+        ln = encode_record({"type": "step", "step": i, "v": rnd.random()}).rstrip("\n").encode()
+        end += len(ln) + 1
+        lines.append(ln)
+        ends.append(end)
+    idx = RunIndex()
+    pairs = list(zip(ends, lines))
+    for k in range(0, N, 5000):
+        idx.add_lines(pairs[k:k + 5000], ends[k - 1] if k else 0)
+    return _Run(idx, pairs)
+
+
+class _Run:
+    def __init__(self, idx, pairs):
+        self.idx, self.pairs = idx, pairs
+
+    def __repr__(self):  # (hypothesis prints the arguments of a failing example)
+        return f"<run of {len(self.pairs)} records>"
+
+    def __iter__(self):
+        return iter((self.idx, self.pairs))
+
+
+def _read(pairs, lo, hi):
+    """The lines in bytes [lo, hi) of the file, as tail.read_lines gives them."""
+    ends = [e for e, _ in pairs]
+    i = bisect.bisect_right(ends, lo)
+    j = bisect.bisect_right(ends, hi)
+    return pairs[i:j]
+
+
+def _answer(idx, pairs, start, end, points):
+    """The series ``v`` as the server builds it from the plan (file reads included)."""
+    plan = idx.plan_history(start, end, points, cursor=pairs[-1][0])
+    if plan.kind != "pyramid":
+        series, _exact = series_from_lines(_read(pairs, plan.byte_lo, plan.byte_hi), start, end, points)
+        return plan, series["v"][0]
+    steps = set(plan.series["v"][0])
+    for lo, hi in plan.edges:
+        steps |= set(series_from_lines(_read(pairs, lo, hi), start, end, 4)[0]["v"][0])
+    return plan, sorted(steps)
+
+
+@settings(max_examples=120, deadline=None)
+@given(start=st.integers(1, N), width=st.one_of(st.integers(0, 200_000), st.integers(20_000, 140_000)),
+       points=st.sampled_from([200, 500, 1000, 2000, 4000, 8000]))
+def test_points_between_half_and_all_requested(run, start, width, points):
+    idx, pairs = run
+    end = min(N, start + width)
+    plan, steps = _answer(idx, pairs, start, end, points)
+    in_range = end - start + 1
+    assert all(start <= s <= end for s in steps) and steps == sorted(steps)
+    assert len(steps) >= min(in_range, points // 2), (plan.kind, len(steps))
+    # Beyond `points`: the nodes split at the range's two ends (at most FANOUT - 1 per level each).
+    ends = 4 * 2 * (FANOUT - 1) * len(idx.levels) if plan.kind == "pyramid" else 0
+    assert len(steps) <= points + ends, (plan.kind, len(steps))
+
+
+def test_the_reported_gap_100k_steps_2000_points(run):
+    idx, pairs = run
+    _plan, steps = _answer(idx, pairs, 100_001, 200_000, 2000)
+    assert 1000 <= len(steps) <= 2000 + 8
