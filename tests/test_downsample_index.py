@@ -40,9 +40,9 @@ def test_pyramid_keeps_spike_nan_min_max(n, spike_at, nan_at, points, lo, width)
     if plan.kind != "pyramid":
         return  # small ranges are read back from the file (tested with the server)
     series = plan.series
-    for lo_b, hi_b in plan.edges:  # what the server reads back from the file: the exact records
+    for lo_b, hi_b, s_lo, s_hi in plan.edges:  # what the server reads back from the file
         first, last = lo_b // 100 + 1, hi_b // 100
-        edge = [(i, values[i - 1]) for i in range(first, last + 1) if start <= i <= end]
+        edge = [(i, values[i - 1]) for i in range(first, last + 1) if s_lo <= i <= s_hi]
         keep = downsample_indices([v for _, v in edge], 1)  # as series_from_lines(..., points=4)
         merge_series(series, {"grad_norm": ([edge[k][0] for k in keep], [edge[k][1] for k in keep])})
     steps, vals = series["grad_norm"]

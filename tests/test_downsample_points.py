@@ -59,8 +59,8 @@ def _answer(idx, pairs, start, end, points):
         series, _exact = series_from_lines(_read(pairs, plan.byte_lo, plan.byte_hi), start, end, points)
         return plan, series["v"][0]
     steps = set(plan.series["v"][0])
-    for lo, hi in plan.edges:
-        steps |= set(series_from_lines(_read(pairs, lo, hi), start, end, 4)[0]["v"][0])
+    for lo, hi, s_lo, s_hi in plan.edges:
+        steps |= set(series_from_lines(_read(pairs, lo, hi), s_lo, s_hi, 4)[0]["v"][0])
     return plan, sorted(steps)
 
 

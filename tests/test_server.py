@@ -303,3 +303,20 @@ def test_history_has_a_ts_series_for_wall_clock_axes(logdir):
             assert ts["step"] == sorted(ts["step"]) and len(ts["step"]) <= int(query[8:].split("&")[0]) + 8
             assert all(true_ts[s] == v for s, v in zip(ts["step"], ts["value"]))  # true times, not made up
             assert ts["step"][0] == hist["start"] and ts["step"][-1] == hist["end"]  # the range's ends
+
+
+def test_resumed_run_history_shows_each_step_once_latest_segment_wins(logdir):
+    path = logdir / "exp1" / "metrics.jsonl"
+    append(path, [header("a")] + [step(i, loss=1.0) for i in range(1, 3001)])
+    append(path, [header("b")] + [step(i, loss=2.0) for i in range(2001, 4001)])  # resumed from 2000
+    with _server(logdir) as h:
+        wait_for(lambda: get_json(h.port, "/api/runs/exp1")[1]["records"] == 5002)
+        for query in ("?points=100000", "?points=400", "?points=40&start=1500&end=3500"):
+            _, hist = get_json(h.port, "/api/runs/exp1/history" + query)
+            loss = hist["series"]["loss"]
+            assert loss["step"] == sorted(set(loss["step"])), query
+            assert all(v == (1.0 if s <= 2000 else 2.0) for s, v in zip(loss["step"], loss["value"])), query
+            assert len(hist["headers"]) == 2
+        assert hist["exact"] is False and get_json(h.port, "/api/runs/exp1/history")[1]["end"] == 4000
+        _, full = get_json(h.port, "/api/runs/exp1/history?points=100000")
+        assert full["exact"] is True and full["series"]["loss"]["step"] == list(range(1, 4001))

@@ -535,9 +535,9 @@ class GradmonServer:
         series = plan.series
         if plan.kind == "pyramid" and plan.edges:
             edge_series = []
-            for lo_b, hi_b in plan.edges:  # each edge bucket: first/last/min/max within the range
+            for lo_b, hi_b, s_lo, s_hi in plan.edges:  # each: first/last/min/max of the steps kept
                 lines = await asyncio.to_thread(read_lines, run.path, lo_b, min(hi_b, cursor["offset"]))
-                edge_series.append(series_from_lines(lines, lo, hi, 4)[0])
+                edge_series.append(series_from_lines(lines, s_lo, s_hi, 4)[0])
             if run.gen != cursor["gen"] or run.index is not idx:
                 return None
             for extra in edge_series:
@@ -547,7 +547,7 @@ class GradmonServer:
             lines = await asyncio.to_thread(read_lines, run.path, plan.byte_lo, hi_byte)
             if run.gen != cursor["gen"] or run.index is not idx:
                 return None
-            series, exact = series_from_lines(lines, lo, hi, points)
+            series, exact = series_from_lines(lines, lo, hi, points, plan.byte_lo, plan.cutoffs)
             body["exact"] = exact
             if not exact:
                 idx._add_marks_to(series, lo, hi)

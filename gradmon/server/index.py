@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -230,9 +231,12 @@ class HistoryPlan:
     series: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
     byte_lo: int = 0
     byte_hi: int = 0
-    # Pyramid plans: byte ranges of the base buckets that straddle the range's ends, to read back
-    # exactly (a bucket's min/max may lie outside the range) and merge with merge_series().
-    edges: list[tuple[int, int]] = field(default_factory=list)
+    # Pyramid plans: byte ranges of the base buckets that straddle the range's ends or hold
+    # overridden records, to read back exactly (a bucket's min/max may lie outside the range) and
+    # merge with merge_series(): ``(byte_lo, byte_hi, step_lo, step_hi)``, the steps to keep.
+    edges: list[tuple[int, int, float, float]] = field(default_factory=list)
+    # Read plans: segments' cutoffs for series_from_lines (empty: nothing is overridden).
+    cutoffs: list[tuple[int, float]] = field(default_factory=list)
 
 
 class RunIndex:
@@ -269,6 +273,16 @@ class RunIndex:
         self.events_dropped = 0
         self.headers: list[dict] = []
         self.eval: dict[str, tuple[list[int], list[float]]] = {}
+        self._eval_seg: dict[str, array] = {}  # segment of each eval point
+        self._mark_seg = array("I")  # segment of each mark
+        # Segments (a header starts one): first base bucket, byte offset of the header, smallest
+        # step. A restarted run whose steps go back overrides the steps it repeats (see cutoffs()).
+        self._seg_bucket = array("q", [0])
+        self._seg_offset = array("q", [0])
+        self._seg_min: list[float] = [math.inf]
+        self._seg_max: list[float] = [-math.inf]
+        self._hidden: dict[int, float] = {}  # during a query: see _overridden_buckets()
+        self._hidden_sorted: list[int] = []
         self._eval_points = 0
         self.eval_dropped = 0
 
@@ -307,7 +321,7 @@ class RunIndex:
             i = 0
             while i < len(recs):
                 if kinds[i] != "step":
-                    self._add_other(recs[i])
+                    self._add_other(recs[i], offsets[i])
                     i += 1
                     continue
                 j = i + 1
@@ -334,6 +348,10 @@ class RunIndex:
         self.step_records += len(recs)
         self.last_step = steps[-1]
         lo, hi = min(steps), max(steps)
+        if lo < self._seg_min[-1]:
+            self._seg_min[-1] = lo
+        if hi > self._seg_max[-1]:
+            self._seg_max[-1] = hi
         self.min_step = lo if self.min_step is None else min(self.min_step, lo)
         self.max_step = hi if self.max_step is None else max(self.max_step, hi)
         if not all(map(self._known.issuperset, recs)):
@@ -359,8 +377,10 @@ class RunIndex:
                 self._close_bucket()
             i = j
 
-    def _add_other(self, rec: dict) -> None:
+    def _add_other(self, rec: dict, offset: int) -> None:
         kind = rec["type"]
+        if kind == "header":
+            self._new_segment(offset)
         if kind == "eval":
             self._add_eval(rec)
         elif kind == "header":
@@ -376,6 +396,61 @@ class RunIndex:
         elif kind == "end":
             self.status_records += 1
             self.ended = rec.get("status") if isinstance(rec.get("status"), str) else "finished"
+
+    def _new_segment(self, offset: int) -> None:
+        """A header at byte ``offset``: the records after it are a new segment (the open bucket is
+        closed early, so that no base bucket holds two segments)."""
+        if self._ob_recs:
+            self._close_bucket()
+        if self.levels[0].size == self._seg_bucket[-1] and self._seg_min[-1] == math.inf:
+            self._seg_offset[-1] = offset  # no step record in the current segment: reuse it
+            return
+        self._seg_bucket.append(self.levels[0].size)
+        self._seg_offset.append(offset)
+        self._seg_min.append(math.inf)
+        self._seg_max.append(-math.inf)
+
+    def cutoffs(self) -> list[float]:
+        """Per segment, the step from which its records are overridden: the smallest step of any
+        later segment (``inf`` for the last). A run resumed from an older checkpoint repeats
+        steps; for those the latest segment wins, so history shows one value per step."""
+        out = [math.inf] * len(self._seg_min)
+        low = math.inf
+        for k in range(len(out) - 1, -1, -1):
+            out[k] = low
+            low = min(low, self._seg_min[k])
+        return out
+
+    def segment_cutoffs(self) -> list[tuple[int, float]]:
+        """``(byte offset where a segment starts, its cutoff)`` for every segment, in file
+        order, when some segment is overridden; else ``[]`` (see :func:`series_from_lines`)."""
+        cut = self.cutoffs()
+        if all(mx < c for mx, c in zip(self._seg_max, cut)):
+            return []
+        return list(zip(self._seg_offset, cut))
+
+    def _overridden_buckets(self) -> dict[int, float]:
+        """Base buckets holding records that a later segment overrides, with the cutoff step."""
+        out: dict[int, float] = {}
+        cut = self.cutoffs()
+        lvl0 = self.levels[0]
+        for k, c in enumerate(cut):
+            if self._seg_max[k] < c:
+                continue
+            b1 = self._seg_bucket[k + 1] if k + 1 < len(cut) else lvl0.size
+            for b in range(self._seg_bucket[k], b1):
+                if lvl0.hi[b] >= c:
+                    out[b] = c
+        return out
+
+    def _hidden_in(self, node: tuple[int, int]) -> bool:
+        """Whether a node holds overridden records (then it is split down to base buckets)."""
+        level, i = node
+        if level < 0 or not self._hidden_sorted:
+            return False
+        lo = i * FANOUT**level
+        j = bisect_left(self._hidden_sorted, lo)
+        return j < len(self._hidden_sorted) and self._hidden_sorted[j] < lo + FANOUT**level
 
     def _discover(self, rec: dict) -> None:
         """Register the numeric fields of a step record that has keys not seen before."""
@@ -403,6 +478,7 @@ class RunIndex:
             self.marks_dropped += 1
             return
         self.marks.append((step, kind, name, value))
+        self._mark_seg.append(len(self._seg_min) - 1)
 
     def _step_marks(self, rec: dict, step: int) -> None:
         """The marks of one step record: its non-finite field values, then its flags."""
@@ -488,6 +564,7 @@ class RunIndex:
             steps, values = self.eval.setdefault(name, ([], []))
             steps.append(step)
             values.append(v)
+            self._eval_seg.setdefault(name, array("I")).append(len(self._seg_min) - 1)
             self._eval_points += 1
 
     # ---- querying -------------------------------------------------------------------------
@@ -505,6 +582,8 @@ class RunIndex:
             o = self._open
             return o is not None and o.lo <= end and o.hi >= start
         lvl = self.levels[level]
+        if level == 0 and i in self._hidden and lvl.lo[i] >= self._hidden[i]:
+            return False  # every record of this bucket is overridden
         return lvl.lo[i] <= end and lvl.hi[i] >= start
 
     def _count(self, node: tuple[int, int]) -> int:
@@ -564,7 +643,7 @@ class RunIndex:
 
     def _partial(self, node: tuple[int, int], start: float, end: float) -> bool:
         s = self._node(node)
-        return s.lo < start or s.hi > end
+        return s.lo < start or s.hi > end or self._hidden_in(node)
 
     def _refine_edges(self, nodes: list[tuple[int, int]], start: float, end: float) -> list[tuple[int, int]]:
         """Split nodes that only partly overlap the range down to base buckets: their min/max may
@@ -595,7 +674,19 @@ class RunIndex:
 
     def plan_history(self, start: float, end: float, points: int, cursor: int) -> HistoryPlan:
         """Decide how to answer a history query for steps in ``[start, end]`` with about
-        ``points`` points per series, the file being complete up to byte ``cursor``."""
+        ``points`` points per series, the file being complete up to byte ``cursor``.
+
+        Records overridden by a later segment (see :meth:`cutoffs`) are left out: the nodes that
+        hold some are split down to base buckets, which are skipped when all their records are
+        overridden and read back otherwise."""
+        self._hidden = self._overridden_buckets()
+        self._hidden_sorted = sorted(self._hidden)
+        try:
+            return self._plan(start, end, points, cursor)
+        finally:
+            self._hidden, self._hidden_sorted = {}, []
+
+    def _plan(self, start: float, end: float, points: int, cursor: int) -> HistoryPlan:
         buckets = max(1, points // 4)
         nodes = self.cover(start, end, buckets)
         count = sum(self._count(nd) for nd in nodes)
@@ -608,11 +699,13 @@ class RunIndex:
                     kind="exact" if count <= points else "read",
                     byte_lo=self._node(fine[0]).offset,
                     byte_hi=self._node_end(fine[-1], cursor),
+                    cutoffs=self.segment_cutoffs(),
                 )
         series: dict[str, tuple[list[int], list[float]]] = {}
         inner = [nd for nd in nodes if not self._partial(nd, start, end)]
-        edges = [(self._node(nd).offset, self._node_end(nd, cursor)) for nd in nodes
-                 if self._partial(nd, start, end)]  # base buckets only, after _refine_edges
+        edges = [(self._node(nd).offset, self._node_end(nd, cursor), start,
+                  min(end, self._hidden.get(nd[1], math.inf) - 1) if nd[0] == 0 else end)
+                 for nd in nodes if self._partial(nd, start, end)]  # base buckets only, after _refine_edges
         summaries = [self._node(nd) for nd in inner]
         for name in self.series_names():
             pts: list[tuple[int, float]] = []
@@ -630,19 +723,25 @@ class RunIndex:
                       end: float) -> None:
         """Put every mark's point into its series (so no spike or NaN is ever sampled away)."""
         extra: dict[str, list[tuple[int, float]]] = {}
-        for step, _kind, name, value in self.marks:
-            if start <= step <= end and value is not None and name in series:
+        for step, _kind, name, value in self._visible_marks(start, end):
+            if value is not None and name in series:
                 extra.setdefault(name, []).append((step, value))
         merge_series(series, {n: ([p[0] for p in pts], [p[1] for p in pts]) for n, pts in extra.items()})
 
+    def _visible_marks(self, start: float, end: float) -> list[tuple[int, str, str, float]]:
+        cut = self.cutoffs()
+        return [m for m, k in zip(self.marks, self._mark_seg) if start <= m[0] <= end and m[0] < cut[k]]
+
     def marks_in(self, start: float, end: float) -> list[dict]:
         return [{"step": s, "kind": k, "field": f, "value": v}
-                for s, k, f, v in self.marks if start <= s <= end]
+                for s, k, f, v in self._visible_marks(start, end)]
 
     def eval_in(self, start: float, end: float) -> dict[str, dict[str, list]]:
         out = {}
+        cut = self.cutoffs()
         for name, (steps, values) in self.eval.items():
-            idx = [i for i, s in enumerate(steps) if start <= s <= end]
+            segs = self._eval_seg[name]
+            idx = [i for i, s in enumerate(steps) if start <= s <= end and s < cut[segs[i]]]
             out[name] = {"step": [steps[i] for i in idx], "value": [values[i] for i in idx]}
         return out
 
@@ -703,15 +802,22 @@ def _plain_floats(column: list[Any], finite_only: bool) -> list[float] | None:
 
 
 def series_from_lines(lines: Iterable[tuple[int, bytes | None]], start: float, end: float,
-                      points: int) -> tuple[dict[str, tuple[list[int], list[float]]], bool]:
-    """Series of the step records among ``lines`` with steps in ``[start, end]`` (the numeric
-    fields and ``ts``), in file order.
+                      points: int, first_offset: int = 0, cutoffs: Sequence[tuple[int, float]] = ()
+                      ) -> tuple[dict[str, tuple[list[int], list[float]]], bool]:
+    """Series of the step records among ``lines`` (the first starting at byte ``first_offset``)
+    with steps in ``[start, end]`` (the numeric fields and ``ts``), in file order. ``cutoffs``
+    (``RunIndex.segment_cutoffs()``) leaves out the records a later segment overrides.
 
     Returns ``(series, exact)``: all points when there are at most ``points`` records, else each
     series downsampled to ``points // 4`` buckets keeping flagged steps and non-finite values.
     """
-    recs = [r for r in parse_lines(list(lines), 0).records
-            if r["type"] == "step" and start <= r["step"] <= end]
+    parsed = parse_lines(list(lines), first_offset)
+    recs = [r for r in parsed.records if r["type"] == "step" and start <= r["step"] <= end]
+    if cutoffs and recs:
+        seg_starts = [o for o, _c in cutoffs]
+        recs = [r for r, o in zip(parsed.records, parsed.offsets)
+                if r["type"] == "step" and start <= r["step"] <= end
+                and r["step"] < cutoffs[max(0, bisect_right(seg_starts, o) - 1)][1]]
     exact = len(recs) <= points
     if not recs:
         return {}, exact
