@@ -50,6 +50,7 @@ EXACT_READ_MAX = 32_768  # step records a history request may read back from the
 # ...or, so that even a range too short for the pyramid gets half the points asked for (the base
 # level has 4 points per BUCKET records: 16 records per point asked for), up to this many.
 READ_MAX = 131_072
+SERIES_CHUNK = 8_192  # lines decoded at a time when reading a range back
 
 # Numeric fields of a step record that are coordinates or bookkeeping, not series.
 NOT_SERIES = frozenset({"step", "epoch", "ts", "schema", "pid", "rank", "world_size"})
@@ -811,29 +812,40 @@ def series_from_lines(lines: Iterable[tuple[int, bytes | None]], start: float, e
     Returns ``(series, exact)``: all points when there are at most ``points`` records, else each
     series downsampled to ``points // 4`` buckets keeping flagged steps and non-finite values.
     """
-    parsed = parse_lines(list(lines), first_offset)
-    recs = [r for r in parsed.records if r["type"] == "step" and start <= r["step"] <= end]
-    if cutoffs and recs:
-        seg_starts = [o for o, _c in cutoffs]
+    # Decoded a chunk at a time, keeping only columns: a 100k-line read never holds 100k dicts.
+    lines = lines if isinstance(lines, list) else list(lines)
+    seg_starts = [o for o, _c in cutoffs]
+    steps: list[int] = []
+    columns: dict[str, list[Any]] = {}  # every key, in order of first appearance
+    flagged: set[int] = set()  # positions of records with a flag set
+    offset = first_offset
+    for k in range(0, len(lines), SERIES_CHUNK):
+        chunk = lines[k:k + SERIES_CHUNK]
+        parsed = parse_lines(chunk, offset)
+        offset = chunk[-1][0]
         recs = [r for r, o in zip(parsed.records, parsed.offsets)
                 if r["type"] == "step" and start <= r["step"] <= end
-                and r["step"] < cutoffs[max(0, bisect_right(seg_starts, o) - 1)][1]]
-    exact = len(recs) <= points
-    if not recs:
+                and (not cutoffs or r["step"] < cutoffs[max(0, bisect_right(seg_starts, o) - 1)][1])]
+        if not recs:
+            continue
+        for name in dict.fromkeys(chain.from_iterable(recs)):
+            if name not in columns:
+                columns[name] = [None] * len(steps)
+        for flag, _kind in MARK_FLAGS:
+            if flag in columns:
+                column = list(map(dict.get, recs, repeat(flag)))
+                if True in column:
+                    flagged.update(len(steps) + i for i, v in enumerate(column) if v is True)
+        for name, column in columns.items():
+            column.extend(map(dict.get, recs, repeat(name)))
+        steps.extend(map(itemgetter("step"), recs))
+    exact = len(steps) <= points
+    if not steps:
         return {}, exact
-    steps = list(map(itemgetter("step"), recs))
-    names = dict.fromkeys(chain.from_iterable(recs))  # every key, in order of first appearance
-    flagged: set[int] = set()  # positions of records with a flag set
-    for flag, _kind in MARK_FLAGS:
-        if flag in names:
-            column = list(map(dict.get, recs, repeat(flag)))
-            if True in column:
-                flagged.update(i for i, v in enumerate(column) if v is True)
     series = {}
-    for name in names:
+    for name, column in columns.items():
         if name in NOT_SERIES and name != TS:
             continue
-        column = list(map(dict.get, recs, repeat(name)))
         if set(map(type, column)).isdisjoint(_FAST_TYPES):
             continue  # no number at all (flags, text)
         values = _plain_floats(column, finite_only=name == TS)
