@@ -320,3 +320,24 @@ def test_resumed_run_history_shows_each_step_once_latest_segment_wins(logdir):
         assert hist["exact"] is False and get_json(h.port, "/api/runs/exp1/history")[1]["end"] == 4000
         _, full = get_json(h.port, "/api/runs/exp1/history?points=100000")
         assert full["exact"] is True and full["series"]["loss"]["step"] == list(range(1, 4001))
+
+
+def test_backlog_read_at_start_is_not_streamed_but_ends_with_one_lagged(logdir):
+    path = make_run(logdir, "exp1", 20_000)  # ~2 MB, read 256 bytes per tick: many ticks
+    with _server(logdir, poll_max_bytes=256) as h:
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                hello = await recv_json(ws)
+                (info,) = hello["runs"]
+                assert info["indexing"] is True and info["records"] < 20_001  # connected mid-way
+                seen = []
+                lagged = await recv_until(ws, lambda m: m["type"] == "lagged", seen=seen, timeout=60)
+                assert not [m for m in seen if m["type"] == "records"]  # no backlog streamed
+                assert lagged["run"] == "exp1" and lagged["cursor"]["offset"] == path.stat().st_size
+                _, hist = get_json(h.port, "/api/runs/exp1/history?points=40")
+                assert hist["cursor"] == lagged["cursor"]
+                follow = StreamFollower({"exp1": lagged["cursor"]})
+                append(path, [step(20_001)])  # live again: streamed from the lagged cursor on
+                await recv_until(ws, lambda m: follow.feed(m) and 20_001 in follow.steps("exp1"))
+                assert follow.steps("exp1") == [20_001]
+        asyncio.run(main())

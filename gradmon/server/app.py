@@ -82,7 +82,7 @@ class GradmonServer:
     def __init__(self, logdir: str | os.PathLike, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  token: str | None = None, *, poll_interval: float = POLL_INTERVAL_S,
                  discover_interval: float = DISCOVER_INTERVAL_S, static_dir: Path | None = None,
-                 client_queue_bytes: int = CLIENT_QUEUE_BYTES) -> None:
+                 client_queue_bytes: int = CLIENT_QUEUE_BYTES, poll_max_bytes: int = POLL_MAX_BYTES) -> None:
         self.root = os.path.realpath(os.fspath(logdir))
         self.host = host
         self.port = port
@@ -91,6 +91,7 @@ class GradmonServer:
         self.discover_interval = discover_interval
         self.static_dir = Path(static_dir) if static_dir is not None else STATIC_DIR
         self.client_queue_bytes = client_queue_bytes
+        self.poll_max_bytes = poll_max_bytes
         self.runs: dict[str, Run] = {}
         self._announced: set[str] = set()
         self.clients: set[Client] = set()
@@ -159,13 +160,14 @@ class GradmonServer:
             for run in list(self.runs.values()):
                 if self.runs.get(run.name) is not run:
                     continue
-                busy |= self._poll_run(run, POLL_MAX_BYTES)
+                busy |= self._poll_run(run, self.poll_max_bytes)
                 if time.monotonic() - tick > 0.05:  # let the network side breathe
                     await asyncio.sleep(0)
                     tick = time.monotonic()
             await asyncio.sleep(0 if busy else self.poll_interval)
 
     def _poll_run(self, run: Run, max_bytes: int) -> bool:
+        was_indexing = run.indexing
         try:
             reset, batch, more = run.poll(max_bytes)
         except Exception:  # an unreadable file must not stop the other runs
@@ -177,6 +179,8 @@ class GradmonServer:
             self._on_batch(run, batch)
         elif run.name not in self._announced and run.gen is not None:
             self._announce(run)
+        if was_indexing and not run.indexing:
+            self._end_indexing(run)
         return more
 
     def _announce(self, run: Run) -> None:
@@ -193,9 +197,20 @@ class GradmonServer:
         for c in self.clients:
             c.pos[run.name] = (run.gen, 0)
             c.catching_up.discard(run.name)
+            c.held_back.discard(run.name)
             c.push(msg)
         if run.gen is None:
             self._announced.discard(run.name)
+
+    def _end_indexing(self, run: Run) -> None:
+        """The server has read a run's existing content: the clients whose stream of it was
+        held back meanwhile get one ``lagged`` (refetch the history; the stream continues at
+        ``cursor``)."""
+        for c in self.clients:
+            if run.name in c.held_back:
+                c.held_back.discard(run.name)
+                gen, off = c.pos.get(run.name, (run.gen, run.offset))
+                c.push(dumps({"type": "lagged", "run": run.name, "cursor": {"gen": gen, "offset": off}}))
 
     def _on_batch(self, run: Run, batch: Any) -> None:
         if run.name not in self._announced:
@@ -205,6 +220,13 @@ class GradmonServer:
         text: str | None = None
         for c in self.clients:
             if run.name in c.catching_up:
+                continue
+            if (run.indexing or run.name in c.held_back) and c.pos.get(run.name) == (batch.gen, batch.prev):
+                # Part of a backlog that takes more than one read (what the file held when the
+                # server started, e.g. 10M lines): streaming it to every page would cost far
+                # more than the one history fetch that the `lagged` at its end asks for.
+                c.pos[run.name] = (batch.gen, batch.cursor)
+                c.held_back.add(run.name)
                 continue
             if c.pos.get(run.name) != (batch.gen, batch.prev):
                 self._start_catch_up(c, run.name)  # should not happen; recover from the file
@@ -258,6 +280,7 @@ class GradmonServer:
         for c in self.clients:
             c.pos.pop(name, None)
             c.catching_up.discard(name)
+            c.held_back.discard(name)
         if name in self._announced:
             self._announced.discard(name)
             return True
@@ -313,6 +336,7 @@ class GradmonServer:
         run = self.runs.get(name)
         if run is None or name not in self._announced:
             return self._error(client, f"unknown run {name[:200]!r}")
+        client.held_back.discard(name)  # the stream restarts here
         if cur is None:
             client.pos[name] = (run.gen, run.offset)
             client.catching_up.discard(name)

@@ -49,6 +49,7 @@ class Client:
         self._wake = asyncio.Event()
         self.pos: dict[str, tuple[str | None, int]] = {}  # run -> (gen, offset) sent up to
         self.catching_up: set[str] = set()
+        self.held_back: set[str] = set()  # runs whose initial reading was not streamed (see app)
         self.tasks: set[asyncio.Task] = set()  # catch-up tasks, cancelled with the connection
         self.lag_count = 0
         self.sent = 0
