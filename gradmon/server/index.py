@@ -5,7 +5,7 @@
   their steps; every ``FANOUT`` buckets of a level merge into one bucket of the level above. A
   history query walks down from the top to the finest level that fits the requested points, so
   its cost depends on the points asked for, not on the run's length. Memory is ~70 bytes per
-  field per 128 records (~55 MB for 10M records of 8 fields).
+  field per 128 records (~55 MB for 10M records of 8 fields; ``ts`` counts as one more field).
 - Each base bucket also stores the byte offset of its first record: a sparse offset index, so a
   zoomed range is read back from the file at full resolution by seeking.
 - Building is batched for speed (a 1M-line file indexes in a few seconds): lines are decoded a
@@ -15,6 +15,8 @@
   looked at one by one.
 - Non-finite values and flagged steps (spike, skipped, nonfinite) are kept as *marks*, and
   eval records, events and headers are kept whole; each of these lists is capped.
+- Each header starts a *segment*. A run resumed from an older checkpoint repeats steps; for
+  those the latest segment wins (:meth:`RunIndex.cutoffs`): queries leave the older records out.
 
 Pure data structure: no I/O. The caller reads the file (see ``tail.read_lines``) when a plan asks.
 """
