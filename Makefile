@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint dashboard browser install bench bench-smoke clean
+.PHONY: demo test test-ms27 lint dashboard browser install bench bench-smoke clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,13 @@ test: $(STAMP) $(TORCH_STAMP) dashboard browser
 	cd dashboard && npm test
 	$(BIN)/python -m pytest -q
 
+# The whole suite on the oldest supported MindSpore (2.7.x) in its own venv; CI runs the newest.
+VENV27 := .venv-ms27
+test-ms27: dashboard browser
+	test -x $(VENV27)/bin/python || $(PYTHON) -m venv $(VENV27)
+	$(VENV27)/bin/python -m pip install -q -e ".[test]" "mindspore==2.7.*" $(if $(TORCH),"$(TORCH)")
+	PATH="$(CURDIR)/$(VENV27)/bin:$$PATH" $(VENV27)/bin/python -m pytest -q
+
 bench: $(STAMP) dashboard browser
 	$(BIN)/python -m benchmarks.run --device CPU
 
@@ -54,4 +61,4 @@ bench-smoke: $(STAMP)
 	$(BIN)/python -m benchmarks.run --smoke
 
 clean:
-	rm -rf $(VENV) gradmon/static dashboard/node_modules
+	rm -rf $(VENV) $(VENV27) gradmon/static dashboard/node_modules
