@@ -61,18 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     from mindspore.train import Accuracy, Model
 
     from examples.models import TinyTransformer, count_params
+    from examples.serving import finish_serving, start_dashboard
     from gradmon import LiveMonitor, MonitoredTrainStep
 
     ms.set_context(mode=ms.GRAPH_MODE if args.mode == "GRAPH" else ms.PYNATIVE_MODE)
     ms.set_seed(0)
     log_file = Path(args.logdir) / args.run / "metrics.jsonl"
 
-    server = None
-    if args.serve:
-        from gradmon.server import start_server
-
-        server = start_server(args.logdir, host=args.host, port=args.port)
-        print(f"gradmon dashboard: {server.url}", flush=True)
+    server = start_dashboard(args.logdir, args.host, args.port) if args.serve else None
 
     net = TinyTransformer(d_model=64, layers=2, ff=128) if args.small else TinyTransformer()
     train, valid = make_datasets(args.batch_size, args.small)
@@ -108,15 +104,7 @@ def main(argv: list[str] | None = None) -> int:
               dataset_sink_mode=False)
     print(f"done in {time.perf_counter() - t0:.1f} s; log: {log_file}", flush=True)
 
-    if server is not None and not args.exit_after_train:
-        print(f"still serving {server.url} — Ctrl-C to stop", flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
-    if server is not None:
-        server.stop()
+    finish_serving(server, args.exit_after_train)
     return 0
 
 

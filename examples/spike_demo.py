@@ -272,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     import mindspore as ms
 
     from examples.models import digits
+    from examples.serving import finish_serving, start_dashboard
 
     ms.set_context(mode=ms.GRAPH_MODE if args.mode == "GRAPH" else ms.PYNATIVE_MODE)
     faults = FaultPlan(
@@ -279,12 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         nan_steps=(args.nan_step,) if args.nan_step else (),
     )
     log_root = Path(args.logdir)
-    server = None
-    if args.serve:
-        from gradmon.server import start_server
-
-        server = start_server(args.logdir, host=args.host, port=args.port)
-        print(f"gradmon dashboard: {server.url}", flush=True)
+    server = start_dashboard(args.logdir, args.host, args.port) if args.serve else None
 
     data = digits()
     print(f"{args.steps} steps per variant; faults: inputs x{args.spike_scale:g} at step(s) "
@@ -301,15 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<11} {result.status:<9} {seconds:5.1f} s  {result.log_file}", flush=True)
     print(f"\n{summary_table(results)}\n\n({time.perf_counter() - t_all:.1f} s in all)", flush=True)
 
-    if server is not None and not args.exit_after_train:
-        print(f"still serving {server.url} — Ctrl-C to stop", flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
-    if server is not None:
-        server.stop()
+    finish_serving(server, args.exit_after_train)
     return 0
 
 
