@@ -342,3 +342,56 @@ def test_offline_replay_from_disk(tmp_path: Path, page: Page) -> None:
     # offline: nothing but the page's own files was requested, no API and no WebSocket
     assert page.requests and all(u.startswith("file://") or u.startswith("data:") for u in page.requests)
     assert page.errors == []
+
+
+def test_system_points_and_layers_of_a_run_written_before_the_page_opened(logdir: Path, page: Page) -> None:
+    log = logdir / "sysrun" / "metrics.jsonl"
+    recs: list = [header()]
+    for s in range(1, 121):
+        recs.append(step(s))
+        if s % 20 == 0:  # every ~5 s of a LiveMonitor(system_metrics=True) run
+            recs.append({"type": "system", "ts": T0 + 0.1 * s, "step": s, "cpu_percent": 40.0 + s / 10,
+                         "process_cpu_percent": 180.0, "rss_bytes": 1_000_000_000 + 1_000_000 * s,
+                         "host_mem_percent": 41.0})
+    recs.append({"type": "layers", "step": 120, "ts": T0 + 12.0,
+                 "top": [{"name": "fc1.weight", "grad_norm": 3.25, "param_norm": 12.0,
+                          "update_ratio": 0.0012},
+                         {"name": "fc2.bias", "grad_norm": "NaN", "param_norm": 0.5, "update_ratio": 1e-5}]})
+    append(log, recs)
+    with start_server(logdir, "127.0.0.1", port=0) as server:
+        page.page.goto(server.url)
+        page.wait("window.gradmon && window.gradmon.pointCount('sysrun', 'loss') === 120")
+        # Every system sample written before the page opened came with the history, by step.
+        rss = page.wait("(() => { const p = window.gradmon.systemPoints('sysrun', 'rss_bytes');"
+                        " return p.steps.length === 6 && p })()")
+        assert rss["steps"] == [20, 40, 60, 80, 100, 120]
+        assert rss["values"] == [1_000_000_000 + 1_000_000 * s for s in rss["steps"]]
+        panels = page.wait("window.gradmon.panels().includes('system/rss_bytes') && window.gradmon.panels()")
+        assert {"system/cpu_percent", "system/process_cpu_percent", "system/host_mem_percent"} <= set(panels)
+        # The byte axis is labelled in MB/GB, not raw counts.
+        labels = page.eval("""(() => { const c = window.gradmon.board.panels.get('system/rss_bytes').chart;
+                                 const f = c.getOption().yAxis[0].axisLabel.formatter;
+                                 return [f(1.1e9), f(1.05e9)]; })()""")
+        assert labels == ["1.1 GB", "1.05 GB"]
+        # The latest layers table, in a compact panel.
+        page.wait("window.gradmon.layers('sysrun') !== null")
+        table = page.page.locator("#layers .layers-table")
+        assert table.count() == 1 and not page.page.locator("#layers").is_hidden()
+        text = table.inner_text()
+        assert "fc1.weight" in text and "3.25" in text and "NaN" in text
+        # Live: a new sample and a new layers record arrive and merge without duplicates.
+        page.wait("window.gradmon.state.connection === 'connected'")
+        append(log, [step(121), {"type": "system", "ts": T0 + 12.1, "step": 121, "cpu_percent": 99.0,
+                                  "rss_bytes": 1_500_000_000},
+                     {"type": "layers", "step": 121, "ts": T0 + 12.1,
+                      "top": [{"name": "fc3.weight", "grad_norm": 7.0, "param_norm": 2.0,
+                               "update_ratio": 0.01}]}])
+        page.wait("window.gradmon.systemPoints('sysrun', 'rss_bytes').steps.length === 7")
+        cpu_steps = page.eval("window.gradmon.systemPoints('sysrun', 'cpu_percent').steps")
+        assert cpu_steps == [20, 40, 60, 80, 100, 120, 121]
+        page.wait("document.querySelector('#layers .layers-card').dataset.step === '121'")
+        assert "fc3.weight" in page.page.locator("#layers .layers-table").inner_text()
+        page.wait("window.gradmon.board.panels.get('system/rss_bytes').series.length > 0")
+        page.page.wait_for_timeout(300)  # the last throttled redraw, for the picture only (not asserted)
+        assert page.shot("system-layers").stat().st_size > 10_000
+    assert page.errors == []

@@ -549,6 +549,8 @@ class GradmonServer:
             "end": end if end is not None else idx.max_step,
             "points": points,
             "eval": idx.eval_in(lo, hi),
+            "system": idx.system_in(lo, hi, points),
+            "layers": idx.layers,
             "marks": idx.marks_in(lo, hi),
             "events": idx.events_in(lo, hi),
             "headers": list(idx.headers),

@@ -14,7 +14,9 @@
   it closes; only the few records that may carry marks (a ``true`` flag, a non-finite value) are
   looked at one by one.
 - Non-finite values and flagged steps (spike, skipped, nonfinite) are kept as *marks*, and
-  eval records, events and headers are kept whole; each of these lists is capped.
+  eval records, events and headers are kept whole; each of these lists is capped. ``system``
+  records (a few per minute) are kept per field, capped min/max-preserving (``sampled.py``); of
+  ``layers`` records only the latest.
 - Each header starts a *segment*. A run resumed from an older checkpoint repeats steps; for
   those the latest segment wins (:meth:`RunIndex.cutoffs`): queries leave the older records out.
 
@@ -35,6 +37,7 @@ from typing import Any
 
 from gradmon.server.downsample import downsample_indices
 from gradmon.server.parse import ParsedLines, parse_lines
+from gradmon.server.sampled import SampledSeries
 
 __all__ = [
     "BUCKET", "FANOUT", "HistoryPlan", "RunIndex", "Summary", "merge_series", "merge_summaries",
@@ -48,6 +51,8 @@ MAX_MARKS = 20_000
 MAX_EVENTS = 5_000
 MAX_HEADERS = 1_000
 MAX_EVAL_POINTS = 200_000
+MAX_SYSTEM_POINTS = 20_000  # per system field; past that a field is downsampled (min/max kept)
+MAX_SYSTEM_FIELDS = 64
 EXACT_READ_MAX = 32_768  # step records a history request may read back from the file...
 # ...or, so that even a range too short for the pyramid gets half the points asked for (the base
 # level has 4 points per BUCKET records: 16 records per point asked for), up to this many.
@@ -288,6 +293,8 @@ class RunIndex:
         self._hidden_sorted: list[int] = []
         self._eval_points = 0
         self.eval_dropped = 0
+        self.system = SampledSeries(MAX_SYSTEM_POINTS, MAX_SYSTEM_FIELDS)
+        self.layers: dict | None = None  # the latest `layers` record
 
     # ---- building -------------------------------------------------------------------------
 
@@ -386,6 +393,10 @@ class RunIndex:
             self._new_segment(offset)
         if kind == "eval":
             self._add_eval(rec)
+        elif kind == "system":
+            self._add_system(rec)
+        elif kind == "layers":
+            self.layers = rec
         elif kind == "header":
             self.status_records += 1
             self.header = rec
@@ -570,6 +581,14 @@ class RunIndex:
             self._eval_seg.setdefault(name, array("I")).append(len(self._seg_min) - 1)
             self._eval_points += 1
 
+    def _add_system(self, rec: dict) -> None:
+        step = rec.get("step")
+        if type(step) is not int or not -(1 << 63) <= step < (1 << 63):
+            return  # sampled before the first step (no `step`), or a step no array can hold
+        values = [(name, v) for name, raw in rec.items()
+                  if name not in NOT_SERIES and (v := _number(raw)) is not None]
+        self.system.add(step, values, len(self._seg_min) - 1, self.cutoffs)
+
     # ---- querying -------------------------------------------------------------------------
 
     def _node(self, node: tuple[int, int]) -> Summary:
@@ -748,6 +767,11 @@ class RunIndex:
             out[name] = {"step": [steps[i] for i in idx], "value": [values[i] for i in idx]}
         return out
 
+    def system_in(self, start: float, end: float, points: int) -> dict[str, dict[str, list]]:
+        """The system fields' points with steps in ``[start, end]`` (latest segment wins), each
+        downsampled min/max-preserving to about ``points`` when it has more."""
+        return self.system.query(start, end, points, self.cutoffs())
+
     def events_in(self, start: float, end: float) -> list[dict]:
         out = []
         for ev in self.events:
@@ -767,6 +791,7 @@ class RunIndex:
             "header": self.header,
             "fields": list(self.fields),
             "eval_fields": list(self.eval),
+            "system_fields": self.system.names(),
         }
 
 

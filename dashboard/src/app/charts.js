@@ -95,7 +95,11 @@
               axisLabel: settings.xMode === "relative" ? { formatter: durationLabel } : { formatter: null, hideOverlap: true },
               name: settings.xMode === "step" ? "step" : "",
             },
-            yAxis: { type: log ? "log" : "value", scale: !log },
+            yAxis: {
+              type: log ? "log" : "value",
+              scale: !log,
+              axisLabel: { formatter: panel.unit === "bytes" ? (v) => L.formatBytes(v) : (v) => L.formatValue(v) },
+            },
             series: built.series,
           },
           { replaceMerge: ["series"], lazyUpdate: false },

@@ -6,6 +6,7 @@
   // Distinct run colours; red is kept for spike and non-finite marks.
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79"];
   const MAX_BANNER_ITEMS = 40;
+  const MAX_LAYER_ROWS = 10; // rows of each run's per-parameter table
 
   const $ = (sel) => document.querySelector(sel);
   function el(tag, cls, text) {
@@ -405,6 +406,46 @@
     board.zoomTo(a, b); // onZoomEnd follows once the gesture settles
   }
 
+  // ---------------------------------------------------------------- layers table
+
+  /** The latest `layers` record of each selected run, as a compact table (hidden when none). */
+  function renderLayers() {
+    const box = $("#layers");
+    const shown = entries().filter((e) => e.run.layers);
+    const key = shown.map((e) => e.run.name + "@" + e.run.layers.step + ":" + e.run.version).join(",");
+    if (box.dataset.key === key) return;
+    box.dataset.key = key;
+    box.textContent = "";
+    box.hidden = shown.length === 0;
+    for (const { run, color } of shown) {
+      const rec = run.layers;
+      const card = el("section", "layers-card");
+      card.dataset.run = run.name;
+      card.dataset.step = rec.step;
+      const title = el("h2", null, "Largest gradients · step " + rec.step + (shown.length > 1 ? " · " + run.name : ""));
+      title.style.borderLeftColor = color;
+      const table = el("table", "layers-table");
+      const head = el("tr");
+      for (const h of ["parameter", "grad norm", "param norm", "update ratio"]) head.appendChild(el("th", null, h));
+      table.appendChild(head);
+      const rows = L.layerRows(rec, MAX_LAYER_ROWS);
+      for (const r of rows) {
+        const tr = el("tr");
+        tr.appendChild(el("td", "layer-name", r.name));
+        for (const k of ["grad_norm", "param_norm", "update_ratio"]) {
+          const td = el("td", "num", r[k]);
+          if (/NaN|Infinity/.test(r[k])) td.classList.add("tt-bad");
+          tr.appendChild(td);
+        }
+        table.appendChild(tr);
+      }
+      card.append(title, table);
+      const more = rec.top.length - rows.length;
+      if (more > 0) card.appendChild(el("p", "hint", "+" + more + " more in the record"));
+      box.appendChild(card);
+    }
+  }
+
   // ---------------------------------------------------------------- tooltip
 
   function tooltip(params) {
@@ -429,7 +470,7 @@
         if (!at || (!at.exact && f.startsWith("eval/"))) continue;
         const bad = typeof at.value === "number" && !Number.isFinite(at.value);
         rows.push(
-          "<tr><td>" + esc(f) + "</td><td class='" + (bad ? "tt-bad" : "") + "'>" + (at.exact ? "" : "≈ ") + esc(L.formatValue(at.value)) + "</td></tr>",
+          "<tr><td>" + esc(f) + "</td><td class='" + (bad ? "tt-bad" : "") + "'>" + (at.exact ? "" : "≈ ") + esc(L.formatField(f, at.value)) + "</td></tr>",
         );
       }
       const ts = run.tsAt(step);
@@ -494,6 +535,7 @@
   function changed() {
     if (board) board.markDirty();
     renderBanner();
+    renderLayers();
     $("#empty").hidden = entries().some((e) => e.run.fields().length > 0);
   }
 
@@ -586,6 +628,15 @@
     runs: () => Array.from(state.runsInfo.keys()),
     selected: () => state.selected.slice(),
     select: (name, on) => selectRun(name, on !== false, true),
+    layers(run) {
+      const r = state.runs.get(run);
+      return r && r.layers ? { step: r.layers.step, rows: L.layerRows(r.layers, 0) } : null;
+    },
+    systemPoints(run, field) {
+      const r = state.runs.get(run);
+      const s = r && r.series.get("system/" + field);
+      return s ? { steps: s.steps.slice(), values: s.values.slice() } : { steps: [], values: [] };
+    },
     pointCount(run, field) {
       const r = state.runs.get(run);
       return r ? r.pointCount(field) : 0;

@@ -34,8 +34,47 @@
     }
     const rank = (f) => (f.startsWith("eval/") ? 1 : f.startsWith("system/") ? 2 : 0);
     const rest = fields.filter((f) => !used.has(f)).sort((a, b) => rank(a) - rank(b) || (a < b ? -1 : a > b ? 1 : 0));
-    for (const f of Array.from(new Set(rest))) panels.push({ id: f, title: f, fields: [f] });
+    for (const f of Array.from(new Set(rest))) {
+      panels.push(isBytesField(f) ? { id: f, title: f, fields: [f], unit: "bytes" } : { id: f, title: f, fields: [f] });
+    }
     return panels;
+  }
+
+  /** Whether a field holds a byte count (`rss_bytes`, `system/device_mem_bytes`, ...). */
+  function isBytesField(field) {
+    return /(^|[/_])bytes$/.test(field);
+  }
+
+  const BYTE_UNITS = ["B", "kB", "MB", "GB", "TB", "PB"];
+
+  /** A byte count in decimal units, 3 significant digits: 1200000000 -> "1.2 GB", 512 -> "512 B". */
+  function formatBytes(v) {
+    if (typeof v !== "number" || !Number.isFinite(v)) return formatValue(v);
+    const a = Math.abs(v);
+    let u = 0;
+    while (u < BYTE_UNITS.length - 1 && a >= Math.pow(1000, u + 1) * 0.9995) u++;
+    const x = v / Math.pow(1000, u);
+    return (u === 0 ? String(Math.round(x)) : String(Number(x.toPrecision(3)))) + " " + BYTE_UNITS[u];
+  }
+
+  /** A value of `field` as text: byte counts in kB/MB/GB, anything else by formatValue. */
+  function formatField(field, v) {
+    return isBytesField(field) ? formatBytes(v) : formatValue(v);
+  }
+
+  /**
+   * Rows of a `layers` record's top-k table for display: [{name, grad_norm, param_norm,
+   * update_ratio}] as text (non-finite values named, missing ones "—"), at most `max` rows, in the
+   * record's order (largest gradient norm first).
+   */
+  function layerRows(rec, max) {
+    const top = rec && Array.isArray(rec.top) ? rec.top : [];
+    return top.slice(0, max > 0 ? max : top.length).map((r) => ({
+      name: r && typeof r.name === "string" ? r.name : "?",
+      grad_norm: formatValue(r ? r.grad_norm : undefined),
+      param_norm: formatValue(r ? r.param_norm : undefined),
+      update_ratio: formatValue(r ? r.update_ratio : undefined),
+    }));
   }
 
   function formatValue(v) {
@@ -252,5 +291,8 @@
     };
   }
 
-  return { KNOWN_PANELS: KNOWN, MARK_COLOR, panelsFor, buildSeries, displayIndices, formatValue, xOf };
+  return {
+    KNOWN_PANELS: KNOWN, MARK_COLOR, panelsFor, buildSeries, displayIndices, formatValue, formatBytes, formatField,
+    isBytesField, layerRows, xOf,
+  };
 });

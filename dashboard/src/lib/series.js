@@ -151,6 +151,7 @@
       this.exact = true; // the base series hold every step (false after a downsampled history)
       this.detail = null; // exact window fetched on zoom: {start, end, series: Map}
       this.ended = null;
+      this.layers = null; // the latest `layers` record (per-parameter top-k table), decoded
       this.skippedLines = 0;
       this.malformed = 0;
       this.version = 0;
@@ -268,9 +269,21 @@
         case "end":
           this.ended = rec;
           return true;
+        case "layers":
+          return this._setLayers(rec);
         default:
           return false; // unknown record types are ignored (forward compatibility)
       }
+    }
+
+    /**
+     * Keep the latest `layers` record in file order (a resumed run's lower step still wins; records
+     * re-sent after a resubscribe end with the newest one again).
+     */
+    _setLayers(rec) {
+      if (!rec || !Array.isArray(rec.top)) return false;
+      this.layers = rec;
+      return true;
     }
 
     _ingestStep(rec) {
@@ -330,6 +343,7 @@
       load("", resp.series);
       load("eval/", resp.eval);
       load("system/", resp.system);
+      if (resp.layers) this._setLayers(lib.decodeNonFinite(resp.layers));
       const ts = this.series.get("ts");
       if ((!ts || !ts.length) && info && typeof info.first_ts === "number" && typeof info.last_ts === "number") {
         const a = this.firstStep;
@@ -358,6 +372,7 @@
       };
       add("", resp.series);
       add("eval/", resp.eval);
+      add("system/", resp.system);
       for (const m of resp.marks || []) this.addMark(m.kind, m.step, m.field || "grad_norm", lib.decodeNumber(m.value), "server");
       this.detail = { start: resp.start, end: resp.end, exact: resp.exact !== false, series };
       this.version++;

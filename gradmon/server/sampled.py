@@ -1,0 +1,102 @@
+"""Bounded per-field series of sparse records (``system``): step-keyed, min/max-preserving cap.
+
+``system`` records come every few seconds, so even a long run has few of them, but a week-long
+run (or a tiny ``system_interval``) must still not grow the server without bound. Each field keeps
+at most ``cap`` points; past that its points are downsampled to ``cap // 2`` keeping each bucket's
+first, last, minimum and maximum (``downsample_indices``), so a memory peak is never sampled away.
+
+Pure data structure: no I/O.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gradmon.server.downsample import downsample_indices
+
+__all__ = ["SampledSeries"]
+
+
+class _Points:
+    """One field's points in file order: steps, values and the segment of each."""
+
+    __slots__ = ("seg", "steps", "values")
+
+    def __init__(self) -> None:
+        self.steps = array("q")
+        self.values = array("d")
+        self.seg = array("I")
+
+
+class SampledSeries:
+    """Per-field ``(step, value)`` points of a sparse record type, at most ``cap`` per field and
+    ``max_fields`` fields.
+
+    A point at the same step and segment as the field's previous point replaces it (training did
+    not advance between two samples: the newest sample wins, as on the page). Records of earlier
+    segments that a later segment overrides (``cutoffs``, see ``RunIndex.cutoffs``) are left out of
+    queries, and dropped first when a field is compacted."""
+
+    def __init__(self, cap: int = 20_000, max_fields: int = 64) -> None:
+        if cap < 8:
+            raise ValueError(f"cap must be at least 8, got {cap}")
+        self.cap = cap
+        self.max_fields = max_fields
+        self.fields: dict[str, _Points] = {}
+        self.compactions = 0  # times a field was downsampled (the data is then not exact)
+
+    def add(self, step: int, values: Sequence[tuple[str, float]], seg: int,
+            cutoffs: Callable[[], list[float]]) -> None:
+        """Add one record's numeric ``(name, value)`` pairs at ``step`` in segment ``seg``.
+        ``cutoffs`` is called only when a field is compacted."""
+        for name, v in values:
+            pts = self.fields.get(name)
+            if pts is None:
+                if len(self.fields) >= self.max_fields:
+                    continue
+                pts = self.fields[name] = _Points()
+            if pts.steps and pts.steps[-1] == step and pts.seg[-1] == seg:
+                pts.values[-1] = v
+                continue
+            pts.steps.append(step)
+            pts.values.append(v)
+            pts.seg.append(seg)
+            if len(pts.steps) > self.cap:
+                self._compact(pts, cutoffs())
+
+    def _compact(self, pts: _Points, cut: list[float]) -> None:
+        """Drop overridden points, then downsample to ``cap // 2`` (min/max kept)."""
+        live = [i for i, (s, k) in enumerate(zip(pts.steps, pts.seg)) if s < cut[k]]
+        values = [pts.values[i] for i in live]
+        keep = downsample_indices(values, max(1, self.cap // 8))
+        idx = [live[i] for i in keep]
+        pts.steps = array("q", (pts.steps[i] for i in idx))
+        pts.values = array("d", (pts.values[i] for i in idx))
+        pts.seg = array("I", (pts.seg[i] for i in idx))
+        self.compactions += 1
+
+    def names(self) -> list[str]:
+        return list(self.fields)
+
+    def query(self, start: float, end: float, points: int,
+              cut: list[float]) -> dict[str, dict[str, list[Any]]]:
+        """``{name: {"step": [...], "value": [...]}}`` of the points with steps in ``[start, end]``
+        not overridden by a later segment, in step order, one per step (the latest segment's),
+        each field downsampled to about ``points`` (min/max kept) when it has more."""
+        out: dict[str, dict[str, list[Any]]] = {}
+        for name, pts in self.fields.items():
+            by_step: dict[int, float] = {}
+            for s, v, k in zip(pts.steps, pts.values, pts.seg):
+                if start <= s <= end and s < cut[k]:
+                    by_step[s] = v  # file order: a repeat within a segment (a step going back) -> newest
+            steps = sorted(by_step)
+            values = [by_step[s] for s in steps]
+            if len(steps) > points:
+                idx = downsample_indices(values, max(1, points // 4))
+                steps = [steps[i] for i in idx]
+                values = [values[i] for i in idx]
+            out[name] = {"step": steps, "value": values}
+        return out
+

@@ -1,0 +1,146 @@
+"""`system` and `layers` records in the server's history: the pure capped series (sampled.py), the
+index, and a real server (port 0) read over HTTP and WebSocket after the file was written."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import psutil
+from test_server_helpers import append, get_json, header, recv_json, step, wait_for
+from websockets.asyncio.client import connect
+
+from gradmon.server import start_server
+from gradmon.server.index import RunIndex
+from gradmon.server.sampled import SampledSeries
+from gradmon.sysmetrics import sample_system
+
+NO_CUT = lambda: [math.inf]  # noqa: E731  one segment, nothing overridden
+
+
+# ---- SampledSeries (pure) -----------------------------------------------------------------------
+
+def test_sampled_series_keeps_one_point_per_step_newest_wins():
+    s = SampledSeries(cap=16)
+    s.add(5, [("rss", 1.0), ("cpu", 10.0)], 0, NO_CUT)
+    s.add(5, [("rss", 2.0)], 0, NO_CUT)  # same step, training did not advance: replaces
+    s.add(7, [("rss", 3.0)], 0, NO_CUT)
+    out = s.query(-math.inf, math.inf, 100, [math.inf])
+    assert out == {"rss": {"step": [5, 7], "value": [2.0, 3.0]}, "cpu": {"step": [5], "value": [10.0]}}
+    assert s.query(6, 100, 100, [math.inf])["rss"] == {"step": [7], "value": [3.0]}
+    assert s.query(6, 100, 100, [math.inf])["cpu"] == {"step": [], "value": []}
+
+
+def test_sampled_series_cap_is_bounded_and_keeps_the_peak():
+    s = SampledSeries(cap=64)
+    for i in range(10_000):
+        s.add(i, [("rss", 1000.0 + (1e9 if i == 4321 else 0.0) - (500.0 if i == 777 else 0.0))], 0, NO_CUT)
+        assert len(s.fields["rss"].steps) <= 64
+    out = s.query(-math.inf, math.inf, 10_000, [math.inf])["rss"]
+    pts = dict(zip(out["step"], out["value"]))
+    assert pts[4321] == 1e9 + 1000.0 and pts[777] == 500.0  # max and min survive every compaction
+    assert out["step"] == sorted(out["step"]) and out["step"][-1] == 9999
+    assert s.compactions > 0
+
+
+def test_sampled_series_query_downsamples_min_max_and_respects_cutoffs():
+    s = SampledSeries(cap=100_000)
+    for i in range(1, 1001):
+        s.add(i, [("cpu", 50.0 + (40.0 if i == 500 else 0.0))], 0, NO_CUT)
+    out = s.query(-math.inf, math.inf, 40, [math.inf])["cpu"]
+    assert len(out["step"]) <= 40 and dict(zip(out["step"], out["value"]))[500] == 90.0
+    # a later segment starting at step 300 overrides steps >= 300 of segment 0
+    for i in range(300, 401):
+        s.add(i, [("cpu", 1.0)], 1, lambda: [300, math.inf])
+    out = s.query(-math.inf, math.inf, 10_000, [300, math.inf])["cpu"]
+    assert out["step"] == list(range(1, 401))
+    assert all(v == (50.0 if st < 300 else 1.0) for st, v in zip(out["step"], out["value"]))
+
+
+def test_sampled_series_caps_fields_and_rejects_a_tiny_cap():
+    s = SampledSeries(cap=8, max_fields=2)
+    s.add(1, [("a", 1.0), ("b", 2.0), ("c", 3.0)], 0, NO_CUT)
+    assert s.names() == ["a", "b"]
+    try:
+        SampledSeries(cap=2)
+    except ValueError as e:
+        assert "cap" in str(e)
+    else:
+        raise AssertionError("cap=2 accepted")
+
+
+# ---- RunIndex ------------------------------------------------------------------------------------
+
+def test_index_keeps_system_fields_and_latest_layers():
+    idx = RunIndex()
+    recs = [header(), step(1), {"type": "system", "ts": 1.0, "cpu_percent": 3.0},  # no step: skipped
+            {"type": "system", "ts": 2.0, "step": 1, "cpu_percent": 5.0, "rss_bytes": 1_200_000_000},
+            {"type": "system", "ts": 2.5, "step": 10**20, "cpu_percent": 7.0},  # beyond int64: skipped
+            {"type": "layers", "step": 1, "top": [{"name": "w", "grad_norm": 1.0}]},
+            step(2),
+            {"type": "system", "ts": 3.0, "step": 2, "cpu_percent": math.inf, "rss_bytes": 1_300_000_000},
+            {"type": "layers", "step": 2, "top": [{"name": "w", "grad_norm": 2.0}]}]
+    for k, r in enumerate(recs):
+        idx.add(r, k * 100)
+    assert idx.summary()["system_fields"] == ["cpu_percent", "rss_bytes"]
+    assert "cpu_percent" not in idx.summary()["fields"]
+    sysd = idx.system_in(-math.inf, math.inf, 2000)
+    assert sysd["rss_bytes"] == {"step": [1, 2], "value": [1.2e9, 1.3e9]}
+    assert sysd["cpu_percent"]["value"] == [5.0, math.inf]
+    assert idx.layers["step"] == 2 and idx.layers["top"][0]["grad_norm"] == 2.0
+
+
+# ---- a real server --------------------------------------------------------------------------------
+
+def test_history_has_system_points_and_layers_of_a_file_written_before_start(tmp_path):
+    logdir = tmp_path / "logs"
+    proc = psutil.Process()
+    recs = [header()]
+    sampled = {}
+    for i in range(1, 601):
+        recs.append(step(i))
+        if i % 50 == 0:  # a real sample of this process, as LiveMonitor(system_metrics=True) writes
+            rec = {"type": "system", "ts": 1.0e9 + i, "step": i, **sample_system(proc)}
+            sampled[i] = rec
+            recs.append(rec)
+        if i % 200 == 0:
+            recs.append({"type": "layers", "step": i, "ts": 1.0e9 + i,
+                         "top": [{"name": "fc.weight", "grad_norm": float(i), "param_norm": 3.0,
+                                  "update_ratio": math.nan}]})
+    recs.append({"type": "system", "ts": 2.0e9, "step": 600, "cpu_percent": math.nan,
+                 "rss_bytes": sampled[600]["rss_bytes"]})  # same step again: replaces the sample
+    append(logdir / "exp1" / "metrics.jsonl", recs)
+    with start_server(logdir, port=0, discover_interval=0.1) as h:
+        wait_for(lambda: get_json(h.port, "/api/runs/exp1")[1]["last_step"] == 600)
+        _, info = get_json(h.port, "/api/runs/exp1")
+        assert set(info["system_fields"]) >= {"cpu_percent", "process_cpu_percent", "rss_bytes",
+                                              "host_mem_percent"}
+        status, hist = get_json(h.port, "/api/runs/exp1/history")
+        assert status == 200
+        rss = hist["system"]["rss_bytes"]
+        assert rss["step"] == list(range(50, 601, 50))
+        assert rss["value"] == [sampled[s]["rss_bytes"] for s in rss["step"]]
+        cpu = hist["system"]["cpu_percent"]
+        assert cpu["value"][-1] == "NaN" and cpu["step"][-1] == 600  # strict JSON, newest sample wins
+        assert hist["layers"]["step"] == 600 and hist["layers"]["top"][0]["update_ratio"] == "NaN"
+        _, part = get_json(h.port, "/api/runs/exp1/history?start=100&end=250")
+        assert part["system"]["rss_bytes"]["step"] == [100, 150, 200, 250]
+        _, few = get_json(h.port, "/api/runs/exp1/history?points=4")
+        assert 2 <= len(few["system"]["host_mem_percent"]["step"]) <= 4
+
+        async def hello():
+            async with connect(f"ws://127.0.0.1:{h.port}/ws") as ws:
+                return await recv_json(ws)
+
+        msg = asyncio.run(hello())
+        assert msg["type"] == "hello" and "rss_bytes" in msg["runs"][0]["system_fields"]
+
+
+def test_history_without_system_or_layers_has_empty_system_and_null_layers(tmp_path):
+    logdir = tmp_path / "logs"
+    append(logdir / "exp1" / "metrics.jsonl", [header()] + [step(i) for i in range(1, 11)])
+    with start_server(logdir, port=0, discover_interval=0.1) as h:
+        wait_for(lambda: get_json(h.port, "/api/runs/exp1")[1]["last_step"] == 10)
+        _, hist = get_json(h.port, "/api/runs/exp1/history")
+        assert hist["system"] == {} and hist["layers"] is None
+        assert get_json(h.port, "/api/runs/exp1")[1]["system_fields"] == []
