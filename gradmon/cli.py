@@ -7,7 +7,9 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gradmon", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="gradmon", description="gradmon: gradient-norm training monitor for MindSpore."
+    )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     # Each subcommand module adds its own parser and sets `func`.
