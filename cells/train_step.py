@@ -52,6 +52,31 @@ def _check_history_size(history_size: Any) -> int:
     return history_size
 
 
+class _SkipUpdate(nn.Cell):
+    """Branch 0 of the update switch: the optimizer does not run."""
+
+    def construct(self, grads, coef):
+        return ops.zeros((), ms.float32)
+
+
+class _ApplyUpdate(nn.Cell):
+    """Branch 1: the optimizer runs on the gradients as they are."""
+
+    def __init__(self, optimizer: nn.Cell) -> None:
+        super().__init__(auto_prefix=False)
+        self.optimizer = optimizer
+
+    def construct(self, grads, coef):
+        return ops.depend(ops.zeros((), ms.float32), self.optimizer(grads))
+
+
+class _ApplyClippedUpdate(_ApplyUpdate):
+    """Branch 2: the optimizer runs on the gradients times the clip coefficient."""
+
+    def construct(self, grads, coef):
+        return ops.depend(ops.zeros((), ms.float32), self.optimizer(scale_grads(grads, coef)))
+
+
 class MonitoredTrainStep(nn.TrainOneStepCell):
     """``nn.TrainOneStepCell`` that also measures, clips and guards the global gradient norm.
 
@@ -108,6 +133,14 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
         self.spike_z = spike.z_threshold
         self.clips = self.has_max_norm or self.spike_clip
         self.may_skip = skip_nonfinite or self.spike_skip or loss_scale
+        # Clipping without loss scaling inside the skip switch (see _monitored_update). With loss
+        # scaling every step rescales anyway, and without a skip a branch costs more than it saves.
+        self.clip_in_branch = self.clips and self.may_skip and not loss_scale
+        if self.clip_in_branch:
+            # A plain tuple, not a CellList: GRAPH mode compiles a tensor index into one switch, and
+            # PYNATIVE reads the index once (Tensor.__index__), as it reads the `if` condition.
+            self.update_branches = (_SkipUpdate(), _ApplyUpdate(self.optimizer),
+                                    _ApplyClippedUpdate(self.optimizer))
         self.use_graceful_exit = bool(getattr(self, "use_graceful_exit", False))
         if not hasattr(self, "loss_scaling_manager"):
             self.loss_scaling_manager = None
@@ -185,7 +218,10 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
             else:
                 limit = self._max_norm_t
             coef = ops.select(finite, clip_coefficient(norm, limit), self._one)
-            grads = scale_grads(grads, coef * inv_scale) if self.loss_scale else scale_grads(grads, coef)
+            if self.loss_scale:
+                grads = scale_grads(grads, coef * inv_scale)
+            elif not self.clip_in_branch:
+                grads = scale_grads(grads, coef)
         elif self.loss_scale:
             grads = scale_grads(grads, inv_scale)
 
@@ -200,7 +236,12 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
                 apply = ops.ones_like(finite)
             if self.spike_skip:
                 apply = ops.logical_and(apply, ops.logical_not(spike))
-            if apply:
+            if self.clip_in_branch:
+                # One switch instead of the `if`: 0 skip, 1 apply as is, 2 apply clipped. A step that
+                # needs no clipping makes no pass over the gradients (x * 1.0 would be one).
+                branch = ops.cast(apply, ms.int32) * (1 + ops.cast(coef < 1.0, ms.int32))
+                loss = ops.depend(loss, self.update_branches[branch](grads, coef))
+            elif apply:
                 loss = ops.depend(loss, self.optimizer(grads))
         else:
             apply = ops.ones_like(finite)
@@ -214,7 +255,10 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
 
     def _record(self, loss, norm, coef, zscore, clipped, spike, skipped, nonfinite, scale_used, local):
         """Write this step's row into the ring and bump the counters (a handful of tiny kernels)."""
-        loss32 = ops.reduce_mean(ops.cast(loss, ms.float32))
+        # Shape and dtype are compile-time constants: a float32 scalar loss costs no kernel here.
+        loss32 = loss if loss.dtype == ms.float32 else ops.cast(loss, ms.float32)
+        if loss32.shape != ():
+            loss32 = ops.reduce_mean(loss32)
         flags = ops.stack((clipped, spike, skipped, nonfinite))
         parts = (ops.stack((loss32, norm, coef, zscore)), ops.cast(flags, ms.float32))
         # Tuple concatenation, not starred unpacking: GRAPH mode's parser handles the former.

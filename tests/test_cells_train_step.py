@@ -105,6 +105,43 @@ def test_norm_and_clipped_update_match_reference(mode, kind):
     np.testing.assert_allclose(snap.column("clip_coef") * snap.column("grad_norm"), max_norm, rtol=1e-4)
 
 
+def test_clipped_and_unclipped_steps_in_one_run(mode):
+    """Clipping with skip_nonfinite on is one switch (skip / apply / apply clipped): both apply
+    branches must run the optimizer on the right gradients, and an unclipped step must match a
+    plain TrainOneStepCell bit for bit."""
+    net, ref = _twins("mlp")
+    plain_net, _ = _twins("mlp")
+    lr = 0.1
+    batches = [_batch(1), _batch(2, scale=20.0), _batch(3)]
+    norms = []
+    for x, y in batches:  # norms at the initial weights choose a max_norm between the batches
+        norms.append(_norm(_ref_grads(ref, x, y)))
+    assert norms[1] > 2 * max(norms[0], norms[2])
+    max_norm = float(np.sqrt(norms[1] * max(norms[0], norms[2])))
+    step = MonitoredTrainStep(with_loss(net), nn.SGD(net.trainable_params(), lr), max_norm=max_norm)
+    plain = nn.TrainOneStepCell(with_loss(plain_net), nn.SGD(plain_net.trainable_params(), lr))
+    expected_clipped = []
+    for x, y in batches:
+        grads = _ref_grads(ref, x, y)
+        coef = min(1.0, max_norm / (_norm(grads) + 1e-6))
+        expected_clipped.append(1.0 if coef < 1.0 else 0.0)
+        before = _weights(net)
+        step(x, y)
+        for w0, w1, g in zip(before, _weights(net), grads):
+            np.testing.assert_allclose(w1, w0 - lr * coef * g, rtol=1e-5, atol=1e-7)
+        if coef == 1.0 and mode == "GRAPH":  # same weights, same batch: the plain cell's update
+            for p_plain, w0 in zip(plain_net.trainable_params(), before):
+                p_plain.set_data(Tensor(w0))
+            plain(x, y)
+            assert [w.tobytes() for w in _weights(plain_net)] == [w.tobytes() for w in _weights(net)]
+        for p_ref, p in zip(ref.trainable_params(), net.trainable_params()):
+            p_ref.set_data(Tensor(p.asnumpy()))
+    assert 0.0 in expected_clipped and 1.0 in expected_clipped
+    snap = step.gradmon_read_history()
+    assert snap.column("clipped").tolist() == expected_clipped
+    assert snap.column("skipped").tolist() == [0.0, 0.0, 0.0]
+
+
 def test_graph_and_pynative_agree():
     rows = {}
     old = ms.get_context("mode")
