@@ -122,10 +122,12 @@ def plan(smoke: bool) -> list[dict[str, Any]]:
             "probes": ["norm_addn", "norm_concat", "clip_minimum", "ring_scatter"],
         }
         return [{"model": "mlp", "settings": s, "timeout": 300}]
-    # Forms the micro table already ranks (stack, norm_each, select) stay out of the slow in-step runs.
-    in_step = [p for p in all_probes if p not in ("norm_stack", "norm_norm_each", "clip_select")]
+    # Forms the micro table already ranks (stack, norm_each, select, concat_dot) stay out of the slow
+    # in-step runs; 6 rounds keep the section at ~3 minutes (the cell's own costs are in `step`).
+    ranked_only = ("norm_stack", "norm_norm_each", "clip_select", "norm_concat_dot")
+    in_step = [p for p in all_probes if p not in ranked_only]
     s = {
-        "rounds": 8,
+        "rounds": 6,
         "target_block_s": 0.3,
         "min_steps": 3,
         "max_steps": 500,
@@ -136,16 +138,8 @@ def plan(smoke: bool) -> list[dict[str, Any]]:
     big = {
         **s,
         "min_steps": 2,
-        "micro_calls": 5,
-        "probes": [
-            "norm_addn",
-            "norm_l2loss",
-            "norm_concat_dot",
-            "clip_minimum",
-            "clip_flat",
-            "clip_stock",
-            "clip_l2loss_minimum",
-        ],
+        "micro_calls": 3,
+        "probes": ["norm_concat", "norm_l2loss", "clip_minimum", "clip_flat"],
     }
     return [
         {"model": "mlp", "settings": s, "timeout": 300},

@@ -40,7 +40,12 @@ def _section_runner(name: str) -> Callable[..., dict[str, Any]]:
 
 
 def run_suite(
-    device: str, smoke: bool, only: list[str], out_dir: str, log: Callable[[str], None] = print
+    device: str,
+    smoke: bool,
+    only: list[str],
+    out_dir: str,
+    log: Callable[[str], None] = print,
+    big_history: bool = False,
 ) -> dict[str, Any]:
     """Run the chosen sections in order; return the whole results document."""
     os.makedirs(out_dir, exist_ok=True)
@@ -49,6 +54,7 @@ def run_suite(
         "smoke": smoke,
         "machine": machine.describe(device),
         "argv": sys.argv[1:],
+        "big_history": big_history,
         "sections": {},
     }
     t_suite = time.perf_counter()
@@ -57,7 +63,8 @@ def run_suite(
             continue
         t0 = time.perf_counter()
         try:
-            section = _section_runner(name)(device=device, smoke=smoke, log=log, out_dir=out_dir)
+            extra = {"big_history": big_history} if name == "server" else {}
+            section = _section_runner(name)(device=device, smoke=smoke, log=log, out_dir=out_dir, **extra)
         except Exception as exc:  # a broken section is reported, the suite goes on
             section = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
             log(f"{name}: FAILED: {exc}")
@@ -85,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECTION",
         help=f"run only this section (repeatable): {', '.join(SECTIONS)}",
     )
+    p.add_argument(
+        "--big-history",
+        action="store_true",
+        help="also time the 10M-record history (~2 GB log, ~2.5 min more; off: the suite stays < 15 min)",
+    )
     p.add_argument("--out-dir", default=DEFAULT_OUT, help="where results-<ts>.json/.md go")
     p.add_argument("--write-results", action="store_true", help="also write benchmarks/RESULTS.md")
     a = p.parse_args(argv)
@@ -93,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    results = run_suite(a.device, a.smoke, only, a.out_dir, log)
+    results = run_suite(a.device, a.smoke, only, a.out_dir, log, big_history=a.big_history)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     suffix = "-smoke" if a.smoke else ""
     json_path = os.path.join(a.out_dir, f"results-{stamp}{suffix}.json")
