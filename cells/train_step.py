@@ -211,13 +211,15 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
 
         coef = self._one
         if self.clips:
-            if self.spike_clip and self.has_max_norm:
-                limit = ops.minimum(target, self._max_norm_t)
-            elif self.spike_clip:
-                limit = target
+            if self.spike_clip:
+                # Only a spike is clipped to the detector's target: on any other step the target is
+                # the norm itself, whose coefficient norm / (norm + eps) would scale by 0.99999.
+                coef = ops.select(spike, clip_coefficient(norm, target), self._one)
+                if self.has_max_norm:
+                    coef = ops.minimum(coef, clip_coefficient(norm, self._max_norm_t))
             else:
-                limit = self._max_norm_t
-            coef = ops.select(finite, clip_coefficient(norm, limit), self._one)
+                coef = clip_coefficient(norm, self._max_norm_t)
+            coef = ops.select(finite, coef, self._one)
             if self.loss_scale:
                 grads = scale_grads(grads, coef * inv_scale)
             elif not self.clip_in_branch:

@@ -355,6 +355,17 @@ def test_spike_clip_clips_to_reciprocal_target(graph_mode):
     np.testing.assert_allclose(state_mean, ref_state.mean, rtol=1e-4)
 
 
+@pytest.mark.parametrize("max_norm", [None, 1e6])
+def test_spike_clip_leaves_steps_that_are_not_spikes_alone(graph_mode, max_norm):
+    step, _, _ = _spike_run("clip", max_norm=max_norm)
+    snap, _ = _check_stats_against_reference(step)
+    normal = snap.column("spike") == 0.0
+    assert normal.sum() == WARMUP + 3
+    assert snap.column("clip_coef")[normal].tolist() == [1.0] * (WARMUP + 3)
+    assert snap.column("clipped").tolist() == [0.0] * (WARMUP + 3) + [1.0]
+    assert snap.counters["clipped"] == 1
+
+
 def test_spike_clip_respects_smaller_fixed_max_norm(graph_mode):
     _, _, applied = _spike_run("clip", max_norm=1e-3)
     np.testing.assert_allclose(applied, 1e-3, rtol=1e-3)
