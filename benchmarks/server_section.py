@@ -331,7 +331,7 @@ def run_section(
         }
     else:
         settings = {
-            "clients": [1, 10, 100],
+            "clients": [1, 10, 50, 100],
             "rates": [100, 1000],
             "duration_s": 4.0,
             "idle_s": 3.0,
