@@ -2,50 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gradmon.runlog import ReadStats, read_records
+from tests.msrun_util import ROOT, run_msrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "dp_monitor_train.py"
-MSRUN = Path(sys.executable).parent / "msrun"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_msrun(tmp_path: Path, *extra: str) -> Path:
-    if not MSRUN.exists():
-        pytest.skip("msrun not installed next to the interpreter")
+def run_job(tmp_path: Path, *extra: str) -> Path:
     run_dir = tmp_path / "run"
-    env = dict(os.environ, PATH=f"{MSRUN.parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = [str(MSRUN), "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
-           "--join=True", f"--log_dir={tmp_path / 'msrun_logs'}", str(SCRIPT), str(run_dir / "metrics.jsonl"),
-           *extra]
-    # Own process group, so a hung job's workers are killed with it.
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"msrun timed out:\n{out[-3000:]}")
-    logs = "\n".join(p.read_text(errors="replace")[-3000:]
-                     for p in sorted((tmp_path / "msrun_logs").glob("*.log")))
-    assert proc.returncode == 0, f"msrun failed:\n{out[-3000:]}\n{logs}"
+    run_msrun(SCRIPT, [str(run_dir / "metrics.jsonl"), *extra], tmp_path, timeout=240)
     return run_dir
 
 
@@ -67,13 +38,13 @@ def check_log(recs: list[dict], rank: int) -> None:
 
 
 def test_only_rank0_writes_the_global_log(tmp_path):
-    run_dir = run_msrun(tmp_path)
+    run_dir = run_job(tmp_path)
     assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl"]
     check_log(segment(run_dir / "metrics.jsonl"), rank=0)
 
 
 def test_per_rank_files(tmp_path):
-    run_dir = run_msrun(tmp_path, "--per-rank")
+    run_dir = run_job(tmp_path, "--per-rank")
     assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl", "metrics.rank0.jsonl",
                                                           "metrics.rank1.jsonl"]
     check_log(segment(run_dir / "metrics.jsonl"), rank=0)

@@ -3,47 +3,26 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.msrun_util import ROOT, run_msrun, worker_env
+
 SCRIPT = ROOT / "tests" / "dp_train.py"
-MSRUN = Path(sys.executable).parent / "msrun"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(cmd: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-    # msrun starts workers with the `python` on PATH: make that this interpreter's.
-    env = dict(os.environ, PYTHONPATH=str(ROOT),
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_rank_norms_identical_and_equal_full_batch_reference(tmp_path):
-    if not MSRUN.exists():
-        pytest.skip("msrun not installed next to the interpreter")
     out = tmp_path / "norms"
     steps = 4
-    ref = _run([sys.executable, str(SCRIPT), str(out), "--steps", str(steps), "--reference"], tmp_path, 300)
+    ref = subprocess.run([sys.executable, str(SCRIPT), str(out), "--steps", str(steps), "--reference"],
+                         cwd=tmp_path, env=worker_env(), capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
-    proc = _run([str(MSRUN), "--worker_num=2", "--local_worker_num=2", f"--master_port={_free_port()}",
-                 "--join=True", f"--log_dir={tmp_path / 'msrun_logs'}", str(SCRIPT), str(out),
-                 "--steps", str(steps)], tmp_path, 600)
-    logs = "".join(p.read_text(errors="replace")[-3000:] for p in (tmp_path / "msrun_logs").glob("*.log"))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs
+    run_msrun(SCRIPT, [str(out), "--steps", str(steps)], tmp_path, timeout=600)
     ranks = [json.loads((tmp_path / f"norms.rank{r}.json").read_text()) for r in (0, 1)]
     reference = json.loads((tmp_path / "norms.reference.json").read_text())
     assert [r["world"] for r in ranks] == [2, 2]
