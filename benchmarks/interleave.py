@@ -39,6 +39,14 @@ def warm_up(cell: Callable[..., Any], inputs: Sequence[Any], steps: int) -> dict
     return {"first_call_s": first, "warm_step_s": per_step}
 
 
+TIMING_KEYS = ("rounds", "target_block_s", "min_steps", "max_steps", "warmup_steps")
+
+
+def timing_options(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The :func:`run_interleaved` keyword arguments held in a section's ``settings``."""
+    return {key: settings[key] for key in TIMING_KEYS}
+
+
 def run_interleaved(
     cells: Mapping[str, Callable[..., Any]],
     inputs: Sequence[Any],

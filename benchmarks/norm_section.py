@@ -28,7 +28,7 @@ def measure_model(model: str, settings: dict[str, Any], log: Callable[[str], Non
     import numpy as np
     from mindspore import Tensor, nn
 
-    from benchmarks.interleave import run_interleaved, sync
+    from benchmarks.interleave import run_interleaved, sync, timing_options
     from benchmarks.norm_impls import NORMS, PROBES, NormOnly, ProbeStep
     from benchmarks.stats import summarize
     from examples import models as M
@@ -88,11 +88,7 @@ def measure_model(model: str, settings: dict[str, Any], log: Callable[[str], Non
         step_cells,
         (x, y),
         baseline="plain",
-        rounds=settings["rounds"],
-        target_block_s=settings["target_block_s"],
-        min_steps=settings["min_steps"],
-        max_steps=settings["max_steps"],
-        warmup_steps=settings["warmup_steps"],
+        **timing_options(settings),
         log=log,
     )
     return {

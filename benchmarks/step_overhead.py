@@ -100,7 +100,7 @@ def measure_pair(
     import mindspore as ms
     from mindspore import nn
 
-    from benchmarks.interleave import run_interleaved, sync
+    from benchmarks.interleave import run_interleaved, sync, timing_options
     from examples import models as M
 
     device = settings.get("device", "CPU")
@@ -141,11 +141,7 @@ def measure_pair(
             cells,
             (x, y),
             baseline="plain",
-            rounds=settings["rounds"],
-            target_block_s=settings["target_block_s"],
-            min_steps=settings["min_steps"],
-            max_steps=settings["max_steps"],
-            warmup_steps=settings["warmup_steps"],
+            **timing_options(settings),
             log=log,
         )
     )
