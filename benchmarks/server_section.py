@@ -123,6 +123,15 @@ def _writer(path: str) -> Any:
         return Bare()
 
 
+def _start_clients(
+    ws_url: str, clients: int, until: float, ready: str, stop: str, out: str
+) -> subprocess.Popen:
+    """Start ``clients`` real websockets clients in a child process (see :mod:`benchmarks.ws_clients`)."""
+    cmd = [sys.executable, "-m", "benchmarks.ws_clients", "--url", ws_url, "--clients", str(clients),
+           "--until", str(until), "--ready", ready, "--stop", stop, "--out", out]
+    return subprocess.Popen(cmd)
+
+
 def _latency_case(
     srv: dict[str, Any], writer: Any, first_step: int, clients: int, rate: int, duration: float, tmp: str
 ) -> tuple[dict[str, Any], int]:
@@ -133,25 +142,7 @@ def _latency_case(
     out = os.path.join(tmp, f"clients-{clients}-{rate}.json")
     connect_budget = 10.0 + 0.2 * clients
     until = time.time() + connect_budget + duration + 10.0
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.ws_clients",
-            "--url",
-            srv["ws"],
-            "--clients",
-            str(clients),
-            "--until",
-            str(until),
-            "--ready",
-            ready,
-            "--stop",
-            stop,
-            "--out",
-            out,
-        ]
-    )
+    child = _start_clients(srv["ws"], clients, until, ready, stop, out)
     result: dict[str, Any] = {"clients": clients, "rate": rate, "duration_s": duration}
     step = first_step
     try:
@@ -217,25 +208,7 @@ def _latency(settings: dict[str, Any], out_dir: str, log: Callable[[str], None])
             ready = os.path.join(tmp, "ready-idle")
             stop = os.path.join(tmp, "stop-idle")
             until = time.time() + settings["idle_s"] + 20
-            child = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "benchmarks.ws_clients",
-                    "--url",
-                    srv["ws"],
-                    "--clients",
-                    "1",
-                    "--until",
-                    str(until),
-                    "--ready",
-                    ready,
-                    "--stop",
-                    stop,
-                    "--out",
-                    os.path.join(tmp, "idle.json"),
-                ]
-            )
+            child = _start_clients(srv["ws"], 1, until, ready, stop, os.path.join(tmp, "idle.json"))
             deadline = time.monotonic() + 15
             while not os.path.exists(ready) and time.monotonic() < deadline:
                 time.sleep(0.02)
