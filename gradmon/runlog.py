@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Callable, Union
 
 from gradmon.jsonl import RecordError, decode_line, encode_record
+from gradmon.lines import MAX_LINE_BYTES, LineSplitter
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -39,8 +40,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-# Longest line a reader accepts; the writer refuses to write longer ones (they would be skipped).
-MAX_LINE_BYTES = 1 << 20
 
 _log = logging.getLogger("gradmon.runlog")
 
@@ -318,42 +317,22 @@ def _read_stream(
 ) -> Iterator[dict[str, Any]]:
     if isinstance(f, io.TextIOBase):
         raise TypeError("read_records needs a binary file (open(path, 'rb'))")
-    pending = bytearray()  # start of the current line, at most max_line_bytes long
-    oversized = False  # the current line already exceeded the limit: drop until its newline
-    tail_bytes = 0  # length of the current (unterminated) line, oversized part included
+    splitter = LineSplitter(0, max_line_bytes)
     while True:
         chunk = f.read(chunk_size)
         if not chunk:
             break
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            piece = chunk[start:] if nl < 0 else chunk[start:nl]
-            tail_bytes += len(piece)
-            if not oversized:
-                if len(pending) + len(piece) > max_line_bytes:
-                    oversized = True
-                    pending.clear()
-                else:
-                    pending += piece
-            if nl < 0:
-                break
-            # A complete line.
+        for end, line in splitter.feed(chunk):
             st.lines += 1
-            st.consumed_bytes += tail_bytes + 1
-            tail_bytes = 0
-            start = nl + 1
-            if oversized:
+            st.consumed_bytes = end
+            if line is None:  # over the line limit, skipped unbuffered
                 st.malformed += 1
-                oversized = False
                 continue
             try:
-                record = decode_line(bytes(pending))
+                record = decode_line(line)
             except RecordError:
                 st.malformed += 1
             else:
                 st.records += 1
                 yield record
-            finally:
-                pending.clear()
-    st.partial_tail_bytes = tail_bytes
+    st.partial_tail_bytes = splitter.pending
