@@ -132,6 +132,7 @@ class LiveMonitor(Callback):
         self._optimizer: Any = None
         self._writers: list[RunLogWriter] = []
         self._started = False
+        self._eval_losses: list[float] = []  # per-batch losses of the evaluation under way
         self._depth = 0  # nesting of `with` blocks (Model enters callbacks for train and eval)
         self._reset_run_state()
 
@@ -326,6 +327,14 @@ class LiveMonitor(Callback):
         # Write the training steps before the eval record (the eval syncs the device anyway).
         if self._started:
             self._flush()
+        self._eval_losses = []
+
+    def on_eval_step_end(self, run_context: Any) -> None:
+        # The eval network's first output is its loss (WithEvalCell: loss, logits, label).
+        if self._started:
+            loss = parse_step_outputs(run_context.original_args().net_outputs).loss
+            if loss is not None:
+                self._eval_losses.append(loss)
 
     def on_eval_end(self, run_context: Any) -> None:
         if not self._started:
@@ -333,8 +342,16 @@ class LiveMonitor(Callback):
         cb = run_context.original_args()
         results = getattr(cb, "eval_results", None) or getattr(cb, "metrics", None) or {}
         metrics = dict(results)
-        if "eval_loss" in metrics and "loss" not in metrics:
-            metrics["loss"] = metrics.pop("eval_loss")
+        # MindSpore 2.7-2.10's Model.fit makes a new loss metric for every eval batch, so its
+        # "eval_loss" is the LAST batch's loss. The loss is the user's "loss" metric if they have
+        # one, else the mean of the per-batch losses seen here (what mindspore.train.Loss computes).
+        last_batch_loss = metrics.pop("eval_loss", None)
+        if "loss" not in metrics:
+            if self._eval_losses:
+                metrics["loss"] = sum(self._eval_losses) / len(self._eval_losses)
+            elif last_batch_loss is not None:
+                metrics["last_batch_loss"] = last_batch_loss
+        self._eval_losses = []
         self.log_eval(self._step, **metrics)
         # Evaluation time is neither a training step nor an input stall.
         self._t_interval = self._t_last_end = time.perf_counter()

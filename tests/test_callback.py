@@ -470,6 +470,23 @@ def test_fit_with_valid_dataset_writes_eval_records(tmp_path):
     assert order == [("step", 3), ("step", 4), ("eval", 4), ("step", 6), ("step", 8), ("eval", 8)]
 
 
+def test_eval_loss_is_the_mean_over_all_eval_batches(tmp_path):
+    # MindSpore's own "eval_loss" (Model.fit, 2.7-2.10) is the last eval batch's loss only.
+    net = mlp()
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    model = Model(net, loss_fn, nn.SGD(net.trainable_params(), learning_rate=0.05), metrics={"accuracy"})
+    path = tmp_path / "metrics.jsonl"
+    model.fit(1, dataset(4), dataset(3, seed=1), valid_frequency=1, callbacks=[LiveMonitor(path)],
+              valid_dataset_sink_mode=False)
+    (last,) = [r for r in records(path) if r["type"] == "eval"]
+    with_loss = nn.WithLossCell(net, loss_fn)
+    batch_losses = [float(with_loss(b["x"], b["y"]).asnumpy())
+                    for b in dataset(3, seed=1).create_dict_iterator()]
+    assert "eval_loss" not in last
+    np.testing.assert_allclose(last["loss"], np.mean(batch_losses), rtol=1e-5)
+    assert abs(last["loss"] - batch_losses[-1]) > 1e-4
+
+
 def test_log_in_a_custom_loop(tmp_path):
     net = mlp()
     loss_net = NanAwareLoss(net)
