@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         nn.WithLossCell(net, loss_fn), optimizer, max_norm=args.max_norm or None, spike_mode=args.spike_mode
     )
     eval_net = nn.WithEvalCell(net, loss_fn)
-    # Model.fit adds the held-out loss ("eval_loss") to the metrics by itself.
+    # LiveMonitor logs the held-out loss (the mean over the eval batches) beside these metrics.
     model = Model(step, eval_network=eval_net, metrics={"accuracy": Accuracy()}, eval_indexes=[0, 1, 2])
     config = {
         "model": "TinyTransformer",
