@@ -487,6 +487,21 @@ def test_eval_loss_is_the_mean_over_all_eval_batches(tmp_path):
     assert abs(last["loss"] - batch_losses[-1]) > 1e-4
 
 
+def test_mindspore_loss_and_time_monitors_keep_working_beside_it(tmp_path, capsys):
+    # MonitoredTrainStep returns (loss, grad_norm), loss first, for exactly these callbacks.
+    from mindspore.train import LossMonitor, TimeMonitor
+
+    cell, _ = history_cell("real")
+    path = tmp_path / "metrics.jsonl"
+    Model(cell).train(1, dataset(4), callbacks=[LossMonitor(1), TimeMonitor(), LiveMonitor(path)],
+                      dataset_sink_mode=False)
+    printed = [float(line.rsplit("loss is ", 1)[1]) for line in capsys.readouterr().out.splitlines()
+               if "loss is " in line]
+    logged = [r["loss"] for r in records(path, "step")]
+    assert len(logged) == 4
+    np.testing.assert_allclose(printed, logged, rtol=1e-6)
+
+
 def test_log_in_a_custom_loop(tmp_path):
     net = mlp()
     loss_net = NanAwareLoss(net)
