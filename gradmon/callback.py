@@ -9,7 +9,6 @@ since the last read gets its own record — or else the last step's outputs.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import time
@@ -23,7 +22,14 @@ from mindspore.train import Callback
 from gradmon.jsonl import to_jsonable
 from gradmon.lr import LrReader
 from gradmon.outputs import parse_step_outputs, to_float, to_host
-from gradmon.records import FLAG_FIELDS, BadStepCounter, epoch_of, events_for_step, history_rows_to_steps
+from gradmon.records import (
+    FLAG_FIELDS,
+    BadStepCounter,
+    epoch_of,
+    events_for_step,
+    history_rows_to_steps,
+    is_bad_step,
+)
 from gradmon.runlog import RunLogWriter
 
 __all__ = ["LiveMonitor", "rank_log_path"]
@@ -505,13 +511,9 @@ class LiveMonitor(Callback):
             self._emit(record)
             for event in events_for_step(record, record.get("ts")):
                 self._emit(event)
-            bad = bool(record.get("skipped") or record.get("nonfinite")) or any(
-                isinstance(record.get(k), float) and not math.isfinite(record[k])
-                for k in ("loss", "grad_norm")
-            )
             # One history read can hold more bad steps than the limit: the abort belongs to the
             # step that reached it, with that step's count, right after that step's record.
-            if self._bad.update(bad) and self._status != "aborted":
+            if self._bad.update(is_bad_step(record)) and self._status != "aborted":
                 self._abort(record["step"], self._bad.consecutive)
 
     def _maybe_layer_stats(self, step: int, ts: float) -> None:

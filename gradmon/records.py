@@ -65,6 +65,18 @@ def epoch_of(step: int, current_step: int, current_epoch: int, steps_per_epoch: 
     return max(current_epoch - crossed, 1)
 
 
+def is_nonfinite_step(record: Mapping[str, Any]) -> bool:
+    """A step whose loss or gradient norm is NaN/inf, or that the cell flagged ``nonfinite``."""
+    return bool(record.get("nonfinite")) or any(
+        isinstance(v, float) and not math.isfinite(v) for v in (record.get("loss"), record.get("grad_norm"))
+    )
+
+
+def is_bad_step(record: Mapping[str, Any]) -> bool:
+    """A step that counts towards the abort policy: skipped or non-finite."""
+    return bool(record.get("skipped")) or is_nonfinite_step(record)
+
+
 def events_for_step(record: Mapping[str, Any], ts: float | None = None) -> list[dict[str, Any]]:
     """The ``event`` records a step record calls for: ``nonfinite`` (loss or norm NaN/inf, or
     the flag), ``skip`` (update skipped for another reason: spike rule, loss-scale overflow),
@@ -73,9 +85,7 @@ def events_for_step(record: Mapping[str, Any], ts: float | None = None) -> list[
     step = record.get("step")
     loss, norm = record.get("loss"), record.get("grad_norm")
     events: list[dict[str, Any]] = []
-    nonfinite = bool(record.get("nonfinite")) or any(
-        isinstance(v, float) and not math.isfinite(v) for v in (loss, norm)
-    )
+    nonfinite = is_nonfinite_step(record)
     skipped = bool(record.get("skipped"))
     if nonfinite:
         what = "gradient norm" if isinstance(norm, float) and not math.isfinite(norm) else "loss"
