@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-BASE_FIELDS = ("loss", "grad_norm", "clip_coef", "zscore", "clipped", "spike", "skipped", "nonfinite")
-# Order of the int32 counters vector kept next to the ring: steps first, then the totals.
-COUNTER_NAMES = ("clipped", "spikes", "skipped", "nonfinite")
+from gradmon.schema import HISTORY_BASE_FIELDS as BASE_FIELDS
+from gradmon.schema import HISTORY_COUNTER_NAMES as COUNTER_NAMES  # after the step count
 
 
 def history_fields(loss_scale: bool, local_norm: bool) -> tuple[str, ...]:

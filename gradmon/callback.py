@@ -23,7 +23,6 @@ from gradmon.jsonl import to_jsonable
 from gradmon.lr import LrReader
 from gradmon.outputs import parse_step_outputs, to_float, to_host
 from gradmon.records import (
-    FLAG_FIELDS,
     BadStepCounter,
     epoch_of,
     events_for_step,
@@ -31,6 +30,7 @@ from gradmon.records import (
     is_bad_step,
 )
 from gradmon.runlog import RunLogWriter
+from gradmon.schema import FLAG_FIELDS
 
 __all__ = ["LiveMonitor", "rank_log_path"]
 

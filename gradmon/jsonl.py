@@ -14,6 +14,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from gradmon.schema import INT_FIELDS, NUMBER_FIELDS, TEXT_KEYS
+
 __all__ = [
     "NONFINITE_STRINGS",
     "RecordError",
@@ -25,14 +27,6 @@ __all__ = [
 
 NONFINITE_STRINGS: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
-# Keys whose values are text by definition: a "NaN" there is the word, not a number.
-_TEXT_KEYS = frozenset(
-    {"type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit"}
-)
-
-# Known fields and the JSON types they must have when present (bool is not a number here).
-_INT_FIELDS = ("step", "epoch", "pid", "world_size", "rank", "schema", "steps")
-_NUMBER_FIELDS = ("ts", "start_time")
 
 
 class RecordError(ValueError):
@@ -85,7 +79,7 @@ def _decode_nonfinite(value: Any) -> Any:
     if isinstance(value, str):
         return NONFINITE_STRINGS.get(value, value)
     if isinstance(value, dict):
-        return {k: (v if k in _TEXT_KEYS else _decode_nonfinite(v)) for k, v in value.items()}
+        return {k: (v if k in TEXT_KEYS else _decode_nonfinite(v)) for k, v in value.items()}
     if isinstance(value, list):
         return [_decode_nonfinite(v) for v in value]
     return value
@@ -98,11 +92,11 @@ def validate_record(record: Any) -> dict[str, Any]:
     kind = record.get("type")
     if not isinstance(kind, str) or not kind:
         raise RecordError("record has no string 'type'")
-    for key in _INT_FIELDS:
+    for key in INT_FIELDS:
         v = record.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise RecordError(f"field {key!r} must be an integer, got {v!r:.40}")
-    for key in _NUMBER_FIELDS:
+    for key in NUMBER_FIELDS:
         v = record.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise RecordError(f"field {key!r} must be a number, got {v!r:.40}")

@@ -9,16 +9,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gradmon.schema import FLAG_FIELDS
+
 __all__ = [
-    "FLAG_FIELDS",
     "BadStepCounter",
     "epoch_of",
     "events_for_step",
     "history_rows_to_steps",
 ]
 
-# History columns that are 0/1 flags; written as JSON booleans, and only when true.
-FLAG_FIELDS = ("clipped", "spike", "skipped", "nonfinite")
 
 
 def _finite_or_none(x: float | None) -> bool:

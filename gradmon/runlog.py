@@ -29,6 +29,7 @@ from typing import IO, Any, Callable, Union
 
 from gradmon.jsonl import RecordError, decode_line, encode_record
 from gradmon.lines import MAX_LINE_BYTES, LineSplitter
+from gradmon.schema import SCHEMA_VERSION
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -38,8 +39,6 @@ __all__ = [
     "header_record",
     "read_records",
 ]
-
-SCHEMA_VERSION = 1
 
 _log = logging.getLogger("gradmon.runlog")
 

@@ -35,6 +35,7 @@ from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any
 
+from gradmon.schema import MARK_FLAGS, NOT_SERIES
 from gradmon.server.downsample import downsample_indices
 from gradmon.server.parse import ParsedLines, parse_lines
 from gradmon.server.sampled import SampledSeries
@@ -59,13 +60,9 @@ EXACT_READ_MAX = 32_768  # step records a history request may read back from the
 READ_MAX = 131_072
 SERIES_CHUNK = 8_192  # lines decoded at a time when reading a range back
 
-# Numeric fields of a step record that are coordinates or bookkeeping, not series.
-NOT_SERIES = frozenset({"step", "epoch", "ts", "schema", "pid", "rank", "world_size"})
 # The wall-clock field: not listed in a run's ``fields``, but indexed and returned as the history
 # series ``ts`` (steps -> Unix seconds), so a page can place any step in time.
 TS = "ts"
-# Step flags that make a mark, with the mark's kind.
-MARK_FLAGS = (("spike", "spike"), ("skipped", "skip"), ("nonfinite", "nonfinite"))
 
 
 def _number(v: Any) -> float | None:

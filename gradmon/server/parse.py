@@ -20,7 +20,8 @@ from operator import is_not
 from typing import Any
 
 # The field-type rules of ``validate_record``, checked here a column at a time.
-from gradmon.jsonl import _INT_FIELDS, _NUMBER_FIELDS, RecordError, decode_line, validate_record
+from gradmon.jsonl import RecordError, decode_line, validate_record
+from gradmon.schema import INT_FIELDS, NUMBER_FIELDS
 
 __all__ = ["ParsedLines", "parse_lines"]
 
@@ -41,8 +42,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 # Keys that ``validate_record`` checks, with the value types it accepts (JSON values are exact
 # types: ``int`` here never means ``bool``).
 _TYPE_OK = {
-    **{key: frozenset({int, type(None)}) for key in _INT_FIELDS},
-    **{key: frozenset({int, float, type(None)}) for key in _NUMBER_FIELDS},
+    **{key: frozenset({int, type(None)}) for key in INT_FIELDS},
+    **{key: frozenset({int, float, type(None)}) for key in NUMBER_FIELDS},
 }
 _TYPE_OK["step"] = frozenset({int})  # the fast path only takes step records, which need a step
 

@@ -6,20 +6,18 @@
  */
 (function (root, factory) {
   "use strict";
-  const api = factory();
-  if (typeof module !== "undefined" && module.exports) module.exports = api;
+  const isNode = typeof module !== "undefined" && module.exports;
+  const api = factory(isNode ? require("./schema.js") : root.GradmonLib);
+  if (isNode) module.exports = api;
   else Object.assign((root.GradmonLib = root.GradmonLib || {}), api);
-})(typeof self !== "undefined" ? self : this, function () {
+})(typeof self !== "undefined" ? self : this, function (lib) {
   "use strict";
 
   const NONFINITE = { NaN: NaN, Infinity: Infinity, "-Infinity": -Infinity };
 
-  // Keys whose values are text by definition: a "NaN" there is the word, not a number.
-  const TEXT_KEYS = new Set([
-    "type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit",
-  ]);
-  const INT_FIELDS = ["step", "epoch", "pid", "world_size", "rank", "schema", "steps"];
-  const NUMBER_FIELDS = ["ts", "start_time"];
+  const TEXT_KEYS = new Set(lib.SCHEMA.TEXT_KEYS);
+  const INT_FIELDS = lib.SCHEMA.INT_FIELDS;
+  const NUMBER_FIELDS = lib.SCHEMA.NUMBER_FIELDS;
 
   /** Turn "NaN"/"Infinity"/"-Infinity" strings back into numbers, recursively, except under text keys. */
   function decodeNonFinite(value) {

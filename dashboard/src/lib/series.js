@@ -8,7 +8,7 @@
   "use strict";
   const isNode = typeof module !== "undefined" && module.exports;
   const deps = isNode
-    ? Object.assign({}, require("./jsonl.js"), require("./decimate.js"), require("./spikes.js"))
+    ? Object.assign({}, require("./schema.js"), require("./jsonl.js"), require("./decimate.js"), require("./spikes.js"))
     : root.GradmonLib;
   const api = factory(deps);
   if (isNode) module.exports = api;
@@ -17,8 +17,9 @@
   "use strict";
 
   const DEFAULT_CAP = 20000;
-  // Step-record keys that are not curves: identity, time, and flags (booleans, or 0/1 from a server).
-  const NOT_CURVES = new Set(["type", "step", "epoch", "ts", "clipped", "spike", "skipped", "nonfinite"]);
+  // Step-record keys that are not curves: identity, bookkeeping, time, and flags (booleans, or 0/1
+  // from a server).
+  const NOT_CURVES = new Set(["type", ...lib.SCHEMA.NOT_SERIES, ...lib.SCHEMA.FLAG_FIELDS]);
   const MAX_MARKS = 5000;
   const MAX_EVENTS = 1000;
 

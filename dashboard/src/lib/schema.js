@@ -1,0 +1,28 @@
+/* Field names of the run-log format (docs/format.md): the page's copy of gradmon/schema.py.
+ *
+ * tests/test_schema.py checks that the two agree; change both together.
+ */
+(function (root, factory) {
+  "use strict";
+  const api = factory();
+  if (typeof module !== "undefined" && module.exports) module.exports = api;
+  else Object.assign((root.GradmonLib = root.GradmonLib || {}), api);
+})(typeof self !== "undefined" ? self : this, function () {
+  "use strict";
+
+  const SCHEMA = Object.freeze({
+    // Keys whose values are text by definition: a "NaN" there is the word, not a number.
+    TEXT_KEYS: ["type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit"],
+    // Known fields that must be integers / numbers when present.
+    INT_FIELDS: ["step", "epoch", "pid", "world_size", "rank", "schema", "steps"],
+    NUMBER_FIELDS: ["ts", "start_time"],
+    // Step-record flags (booleans, written only when true).
+    FLAG_FIELDS: ["clipped", "spike", "skipped", "nonfinite"],
+    // Step flags that put a mark on the charts, with the mark's kind.
+    MARK_FLAGS: [["spike", "spike"], ["skipped", "skip"], ["nonfinite", "nonfinite"]],
+    // Numeric fields of a step record that are coordinates or bookkeeping, not series.
+    NOT_SERIES: ["step", "epoch", "ts", "schema", "pid", "rank", "world_size"],
+  });
+
+  return { SCHEMA };
+});

@@ -1,0 +1,46 @@
+"""Field names of the run-log format (docs/format.md), in one place.
+
+Every Python module that reads or writes records takes its names from here: the writer
+(``jsonl``, ``records``), the device ring's columns (``gradmon.cells.history``), the server's parser
+and index. The page keeps a copy in ``dashboard/src/lib/schema.js``; ``tests/test_schema.py``
+checks that the two agree. No imports, no I/O: safe to import from anywhere, MindSpore or not.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FLAG_FIELDS",
+    "HISTORY_BASE_FIELDS",
+    "HISTORY_COUNTER_NAMES",
+    "INT_FIELDS",
+    "MARK_FLAGS",
+    "NOT_SERIES",
+    "NUMBER_FIELDS",
+    "SCHEMA_VERSION",
+    "TEXT_KEYS",
+]
+
+SCHEMA_VERSION = 1
+
+# Keys whose values are text by definition: a "NaN" there is the word, not a number.
+TEXT_KEYS = frozenset(
+    {"type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit"}
+)
+
+# Known fields and the JSON types they must have when present (bool is not a number here).
+INT_FIELDS = ("step", "epoch", "pid", "world_size", "rank", "schema", "steps")
+NUMBER_FIELDS = ("ts", "start_time")
+
+# Step-record flags: JSON booleans, written only when true (readers treat absent as false).
+FLAG_FIELDS = ("clipped", "spike", "skipped", "nonfinite")
+
+# Step flags that put a mark on the charts, with the mark's kind.
+MARK_FLAGS = (("spike", "spike"), ("skipped", "skip"), ("nonfinite", "nonfinite"))
+
+# Numeric fields of a step record that are coordinates or bookkeeping, not series.
+NOT_SERIES = frozenset({"step", "epoch", "ts", "schema", "pid", "rank", "world_size"})
+
+# Columns of the device history ring every monitored step keeps (flags as 0.0/1.0), and the
+# int32 totals kept beside it (after the step count).
+HISTORY_BASE_FIELDS = ("loss", "grad_norm", "clip_coef", "zscore", *FLAG_FIELDS)
+HISTORY_COUNTER_NAMES = ("clipped", "spikes", "skipped", "nonfinite")
