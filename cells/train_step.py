@@ -15,7 +15,7 @@ moves weights on zero gradients). The condition only exists when a skip is possi
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import mindspore as ms
 import numpy as np
@@ -33,23 +33,8 @@ from .norm_ops import (
     squared_norms,
     unscaled_global_norm,
 )
-from .spike import SpikeConfig, zclip_update
-
-
-def _check_max_norm(max_norm: Any) -> float | None:
-    if max_norm is None:
-        return None
-    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)):
-        raise TypeError(f"max_norm must be a positive number or None, got {type(max_norm).__name__}")
-    if not (math.isfinite(max_norm) and max_norm > 0):
-        raise ValueError(f"max_norm must be a positive finite number or None, got {max_norm!r}")
-    return float(max_norm)
-
-
-def _check_history_size(history_size: Any) -> int:
-    if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 0:
-        raise ValueError(f"history_size must be an int >= 0 (0 disables the ring), got {history_size!r}")
-    return history_size
+from .options import StepOptions
+from .spike import zclip_update
 
 
 class _SkipUpdate(nn.Cell):
@@ -99,28 +84,27 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
         data-parallel reduction (and loss-scale unscaling), before clipping.
     """
 
-    def __init__(self, network: nn.Cell, optimizer: nn.Cell, sens: float | None = None, *,
-                 max_norm: float | None = None, skip_nonfinite: bool = True, spike_mode: str = "off",
-                 spike_warmup: int = 25, spike_alpha: float = 0.97, spike_z: float = 2.5,
-                 history_size: int = 1024, local_norm: bool = False, layer_stats: bool = False) -> None:
+    # Whether construct scales the loss (the loss-scale subclass): fixes skip_nonfinite, adds a ring column.
+    _loss_scaled: ClassVar[bool] = False
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Cell, sens: float | None = None,
+                 **options: Any) -> None:
         require_supported()
-        max_norm = _check_max_norm(max_norm)
-        history_size = _check_history_size(history_size)
-        spike = SpikeConfig(mode=spike_mode, warmup=spike_warmup, alpha=float(spike_alpha),
-                            z_threshold=float(spike_z))
+        checked = StepOptions.from_kwargs(type(self).__name__, **options)  # fail before building anything
         super().__init__(network, optimizer, sens=sens)
         check_train_cell_layout(self)
-        self._setup_monitoring(max_norm, bool(skip_nonfinite), spike, history_size, bool(local_norm),
-                               bool(layer_stats), loss_scale=False)
+        self.options = checked
+        self._setup_monitoring(checked)
 
     # ----------------------------------------------------------------------------------- setup
-    def _setup_monitoring(self, max_norm: float | None, skip_nonfinite: bool, spike: SpikeConfig,
-                          history_size: int, local_norm: bool, layer_stats: bool, loss_scale: bool) -> None:
+    def _setup_monitoring(self, options: StepOptions) -> None:
+        max_norm, spike, history_size = options.max_norm, options.spike, options.history_size
+        layer_stats, loss_scale = options.layer_stats, self._loss_scaled
         self.max_norm = max_norm
-        self.skip_nonfinite = skip_nonfinite
+        self.skip_nonfinite = options.skip_nonfinite or loss_scale
         self.spike = spike
         self.history_size = history_size
-        self.local_norm = local_norm
+        self.local_norm = options.local_norm
         self.layer_stats = layer_stats
         self.loss_scale = loss_scale
         # Compile-time switches read by construct (plain Python values are constants in GRAPH mode).
@@ -132,7 +116,7 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
         self.spike_alpha = spike.alpha
         self.spike_z = spike.z_threshold
         self.clips = self.has_max_norm or self.spike_clip
-        self.may_skip = skip_nonfinite or self.spike_skip or loss_scale
+        self.may_skip = self.skip_nonfinite or self.spike_skip
         # Clipping without loss scaling inside the skip switch (see _monitored_update). With loss
         # scaling every step rescales anyway, and without a skip a branch costs more than it saves.
         self.clip_in_branch = self.clips and self.may_skip and not loss_scale
@@ -161,7 +145,7 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
             self.segment_ids = segment_ids_for([p.shape for p in self.weights])
             self.layer_sq = Parameter(Tensor(np.zeros(len(self.weight_names), np.float32)),
                                       name="gradmon_layer_sq", requires_grad=False)
-        self.fields = history_fields(loss_scale, local_norm)
+        self.fields = history_fields(loss_scale, self.local_norm)
         if history_size > 0:
             self.history = Parameter(Tensor(np.zeros((history_size, len(self.fields)), np.float32)),
                                      name="gradmon_history", requires_grad=False)
@@ -276,19 +260,11 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
     # ------------------------------------------------------------------------------ host side
     def gradmon_config(self) -> dict:
         """Static settings for the run-log header (no device work)."""
-        return {
-            "max_norm": self.max_norm,
-            "skip_nonfinite": self.skip_nonfinite,
-            "spike_mode": self.spike.mode,
-            "spike_warmup": self.spike.warmup,
-            "spike_alpha": self.spike.alpha,
-            "spike_z": self.spike.z_threshold,
-            "history_size": self.history_size,
-            "history_fields": list(self.fields) if self.history_size > 0 else [],
-            "loss_scale": self.loss_scale,
-            "local_norm": self.local_norm,
-            "layer_stats": self.layer_stats,
-        }
+        config = self.options.as_dict()
+        config.update(skip_nonfinite=self.skip_nonfinite,
+                      history_fields=list(self.fields) if self.history_size > 0 else [],
+                      loss_scale=self.loss_scale)
+        return config
 
     def gradmon_read_history(self) -> HistorySnapshot:
         """The last ``min(total_steps, history_size)`` steps, oldest first, in two device reads."""
@@ -333,34 +309,24 @@ class MonitoredTrainStepWithLossScale(MonitoredTrainStep):
     ``sens`` and ``skip_nonfinite`` (always on).
     """
 
+    _loss_scaled: ClassVar[bool] = True
+
     def __init__(self, network: nn.Cell, optimizer: nn.Cell, scale_sense: Any, **options: Any) -> None:
-        require_supported()
-        for bad in ("sens", "skip_nonfinite"):
-            if bad in options:
-                raise TypeError(f"MonitoredTrainStepWithLossScale does not take {bad!r}")
-        max_norm = _check_max_norm(options.pop("max_norm", None))
-        history_size = _check_history_size(options.pop("history_size", 1024))
-        spike = SpikeConfig(mode=options.pop("spike_mode", "off"), warmup=options.pop("spike_warmup", 25),
-                            alpha=float(options.pop("spike_alpha", 0.97)),
-                            z_threshold=float(options.pop("spike_z", 2.5)))
-        local_norm = bool(options.pop("local_norm", False))
-        layer_stats = bool(options.pop("layer_stats", False))
-        if options:
-            raise TypeError(f"unexpected options: {', '.join(sorted(options))}")
-        nn.TrainOneStepCell.__init__(self, network, optimizer, sens=None)
-        check_train_cell_layout(self)
-        self.loss_scaling_manager = None
+        for fixed in ("sens", "skip_nonfinite"):
+            if fixed in options:
+                raise TypeError(f"MonitoredTrainStepWithLossScale does not take {fixed!r} (the loss scale "
+                                "is the backward seed, and overflow steps are always skipped)")
+        if not isinstance(scale_sense, (nn.Cell, Tensor)):
+            raise TypeError("scale_sense must be a loss-scale update Cell or a Tensor, "
+                            f"got {type(scale_sense).__name__}")
+        if isinstance(scale_sense, Tensor) and tuple(scale_sense.shape) not in ((), (1,)):
+            raise ValueError(f"scale_sense must have shape () or (1,), got {tuple(scale_sense.shape)}")
+        super().__init__(network, optimizer, sens=None, **options)
         if isinstance(scale_sense, nn.Cell):
             self.loss_scaling_manager = scale_sense
             self.scale_sense = Parameter(Tensor(scale_sense.get_loss_scale(), ms.float32), name="scale_sense")
-        elif isinstance(scale_sense, Tensor):
-            if tuple(scale_sense.shape) not in ((), (1,)):
-                raise ValueError(f"scale_sense must have shape () or (1,), got {tuple(scale_sense.shape)}")
-            self.scale_sense = Parameter(scale_sense, name="scale_sense")
         else:
-            raise TypeError("scale_sense must be a loss-scale update Cell or a Tensor, "
-                            f"got {type(scale_sense).__name__}")
-        self._setup_monitoring(max_norm, True, spike, history_size, local_norm, layer_stats, loss_scale=True)
+            self.scale_sense = Parameter(scale_sense, name="scale_sense")
 
     def construct(self, *inputs):
         loss = self.network(*inputs)
