@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from browser_helpers import opened
 from test_server_helpers import make_run, request
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,30 +219,11 @@ def test_wheel_in_a_fresh_venv_without_node_serves_the_full_page(fresh_venv, tmp
         status, _, body = request(port, "/")
         assert status == 200 and b'src="static/main.js"' in body
         assert request(port, "/static/echarts.min.js")[0] == 200
-        open_in_chromium(server.url, run="exp1", points=20)
-    finally:
-        server.stop()
-
-
-def open_in_chromium(url: str, run: str, points: int) -> None:
-    """Load the page in Debian's Chromium: every asset loads, the run's points are drawn, no errors."""
-    if not Path("/usr/bin/chromium").exists():
-        pytest.skip("/usr/bin/chromium is not installed (make browser)")
-    from test_page_live import CHROMIUM, CHROMIUM_ARGS, Page
-
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = Page(browser)
-            bad: list[str] = []
-            page.page.on("response", lambda r: r.status >= 400 and bad.append(f"{r.status} {r.url}"))
-            page.page.on("requestfailed", lambda r: bad.append(f"failed {r.url}"))
-            page.page.goto(url)
-            page.wait(f"window.gradmon && window.gradmon.pointCount('{run}', 'loss') === {points}", 30)
+        with opened(server.url) as (page, bad):
+            page.wait("window.gradmon && window.gradmon.pointCount('exp1', 'loss') === 20", 30)
             assert page.eval("window.gradmon.panels()")[:2] == ["loss", "grad_norm"]
             assert page.page.locator(".chart-card canvas").count() >= 2
-            page.close()
-            assert bad == [] and page.errors == []
-        finally:
-            browser.close()
+            assert page.eval("window.gradmon.state.connection") == "connected"
+        assert bad == [] and page.errors == []
+    finally:
+        server.stop()
