@@ -74,25 +74,31 @@ def missing_page_message(have_sources: bool) -> str:
 
 
 def ensure_page(*, editable: bool = False) -> str:
-    """Build the page when it is missing or stale and npm can; returns the action taken."""
+    """Build the page when it is missing or stale and npm can; returns the action taken. When it
+    is missing and cannot be built, or the build fails, raises :class:`PageBuildError` (an editable
+    install only warns: the checkout is served in place and `make dashboard` can build it later)."""
     sources = page_sources(DASHBOARD)
     have_node = shutil.which("node") is not None and shutil.which("npm") is not None
     action = page_action(page_state(PAGE, sources), bool(sources), have_node)
+    problem = None
     if action == "build":
         for cmd in NPM_BUILD:
             print(f"gradmon: building the dashboard page: {' '.join(cmd)}", file=sys.stderr, flush=True)
             done = subprocess.run(cmd, cwd=DASHBOARD, check=False)
             if done.returncode != 0:
-                raise PageBuildError(f"gradmon: `{' '.join(cmd)}` failed (exit {done.returncode}) in "
-                                     f"{DASHBOARD}; fix that, or run `{BUILD_BY_HAND}` by hand")
+                problem = (f"gradmon: `{' '.join(cmd)}` failed (exit {done.returncode}) in {DASHBOARD}; "
+                           f"fix that, or run `{BUILD_BY_HAND}` by hand")
+                break
     elif action == "warn":
         warnings.warn(f"gradmon: gradmon/static/ is older than dashboard/ and npm is not on PATH: packaging "
                       f"the older page. To refresh it: {BUILD_BY_HAND}", stacklevel=2)
     elif action == "fail":
-        if not editable:
-            raise PageBuildError(missing_page_message(bool(sources)))
-        warnings.warn(missing_page_message(bool(sources)) + "\n(editable install: `gradmon serve` answers "
-                      "503 until the page is built)", stacklevel=2)
+        problem = missing_page_message(bool(sources))
+    if problem is not None and not editable:
+        raise PageBuildError(problem)
+    if problem is not None:
+        warnings.warn(problem + "\n(editable install: `gradmon serve` answers 503 until the page is built)",
+                      stacklevel=2)
     return action
 
 

@@ -91,6 +91,30 @@ def test_missing_page_message_says_what_to_run():
     assert "neither" in setup_py.missing_page_message(False)
 
 
+def test_ensure_page_builds_refuses_or_warns(tmp_path, monkeypatch):
+    setup_py = load_setup_py()
+    dashboard = tmp_path / "dashboard"
+    (dashboard / "src").mkdir(parents=True)
+    (dashboard / "build.mjs").write_text("//")
+    page = tmp_path / "static" / "index.html"
+    monkeypatch.setattr(setup_py, "DASHBOARD", dashboard)
+    monkeypatch.setattr(setup_py, "PAGE", page)
+    monkeypatch.setattr(setup_py.shutil, "which", lambda name: None)  # no node, no npm
+    with pytest.raises(setup_py.PageBuildError, match=r"Node\.js/npm is not on PATH"):
+        setup_py.ensure_page()
+    with pytest.warns(UserWarning, match="editable install"):
+        assert setup_py.ensure_page(editable=True) == "fail"
+    # With npm: its commands run in dashboard/ (stand-ins here); a failing one stops the build.
+    monkeypatch.setattr(setup_py.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(setup_py, "NPM_BUILD", ([sys.executable, "-c", "raise SystemExit(3)"],))
+    with pytest.raises(setup_py.PageBuildError, match="failed \\(exit 3\\)"):
+        setup_py.ensure_page()
+    write_page = f"import pathlib; p = pathlib.Path({str(page)!r}); p.parent.mkdir(); p.write_text('page')"
+    monkeypatch.setattr(setup_py, "NPM_BUILD", ([sys.executable, "-c", write_page],))
+    assert setup_py.ensure_page() == "build" and page.read_text() == "page"
+    assert setup_py.ensure_page() == "keep"
+
+
 # ---------------------------------------------------------------------------- real installs
 
 
