@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-ms27 lint dashboard browser install bench bench-smoke clean
+.PHONY: demo test test-ms27 lint dashboard browser install dist bench bench-smoke clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ gradmon/static/index.html: dashboard/package-lock.json dashboard/package.json da
 	cd dashboard && npm ci --no-audit --no-fund && npm run build
 
 dashboard: gradmon/static/index.html
+
+# Release artifacts: dist/gradmon-<version>.tar.gz and dist/gradmon-<version>-py3-none-any.whl, both
+# with the built page (the wheel is built from the sdist; setup.py builds the page first if needed).
+# Installing either needs no Node. tests/test_wheel.py does the same build in a temporary directory.
+dist: $(STAMP) dashboard
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
 
 # Debian's Chromium for the browser tests; never a browser downloaded by a test tool.
 browser:
@@ -61,4 +68,4 @@ bench-smoke: $(STAMP)
 	$(BIN)/python -m benchmarks.run --smoke
 
 clean:
-	rm -rf $(VENV) $(VENV27) gradmon/static dashboard/node_modules
+	rm -rf $(VENV) $(VENV27) gradmon/static dashboard/node_modules dist build

@@ -490,20 +490,7 @@ class LiveMonitor(Callback):
             return None
 
     def _fields_from_outputs(self) -> dict[str, Any]:
-        parsed = parse_step_outputs(self._outputs)
-        fields: dict[str, Any] = {}
-        if parsed.loss is not None:
-            fields["loss"] = parsed.loss
-        if parsed.grad_norm is not None:
-            fields["grad_norm"] = parsed.grad_norm
-        if parsed.loss_scale is not None:
-            fields["loss_scale"] = parsed.loss_scale
-        if parsed.overflow:
-            fields["skipped"] = True  # the loss-scale cell dropped this update
-        if parsed.nonfinite:
-            fields["nonfinite"] = True
-        fields.update(parsed.extra)
-        return fields
+        return parse_step_outputs(self._outputs).record_fields()
 
     def _write_steps(self, records: list[dict[str, Any]]) -> None:
         """Write step records with their events, and apply the abort policy."""

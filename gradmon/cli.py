@@ -13,9 +13,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     # Each subcommand module adds its own parser and sets `func`.
+    from gradmon import export
     from gradmon.server import cli as serve_cli
 
     serve_cli.add_parser(sub)
+    export.add_parser(sub)
     return parser
 
 

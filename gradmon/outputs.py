@@ -7,13 +7,20 @@ step for a plain train cell.
 Recognised shapes (``loss`` always first):
 
 - a scalar: a Tensor, numpy array or Python number (a multi-element loss is averaged);
-- a tuple or list ``(loss, ...)``. After the loss, a **boolean** element is the loss-scale
-  overflow flag and a number after it is the loss scale (MindSpore's
-  ``TrainOneStepWithLossScaleCell`` returns ``(loss, overflow, scale)``); a number before any
-  flag is the gradient norm (``(loss, grad_norm)``, gradmon's ``MonitoredTrainStep``). Anything
-  else is ignored;
-- a mapping with ``loss``, ``grad_norm``, ``overflow``, ``loss_scale``; other scalar entries
-  become user metrics.
+- a tuple or list ``(loss, ...)``. After the loss, a number before any **boolean** element is the
+  gradient norm (``(loss, grad_norm)``: gradmon's ``MonitoredTrainStep``). The first boolean is the
+  loss-scale overflow flag, and the elements after it are, by position, the loss scale, the learning
+  rate and the global gradient norm: MindSpore's ``nn.TrainOneStepWithLossScaleCell`` returns
+  ``(loss, overflow, scale)``; mindformers' ``MFTrainOneStepCell`` and ``MFPipelineWithLossScaleCell``
+  (1.3 to 2.1 on PyPI) return ``(loss, overflow, scale, lr, global_norm)``, or that plus
+  ``(local_norm, size)`` with ``local_norm=True`` (ignored), with ``global_norm`` None unless
+  ``use_clip_grad``; gradmon's cells with ``output_layout="mindformers"`` return the same five.
+  A 4-tuple ``(loss, overflow, scale, lr)`` is read as mindformers' ``MFLossMonitor`` reads it.
+  An element that is None or not a number (e.g. per-group learning rates) is not reported;
+- a mapping with ``loss``, ``grad_norm``, ``overflow``, ``loss_scale``, ``lr``; other scalar
+  entries become user metrics.
+
+:meth:`StepOutputs.record_fields` turns what was parsed into step-record fields (docs/format.md).
 """
 
 from __future__ import annotations
@@ -34,12 +41,28 @@ class StepOutputs:
     grad_norm: float | None = None
     overflow: bool | None = None
     loss_scale: float | None = None
+    lr: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def nonfinite(self) -> bool:
         """Loss or norm is NaN/inf."""
         return any(v is not None and not math.isfinite(v) for v in (self.loss, self.grad_norm))
+
+    def record_fields(self) -> dict[str, Any]:
+        """The step-record fields these outputs give: the values reported, ``skipped`` when the
+        loss-scale cell dropped the update (overflow), ``nonfinite``, then the user metrics."""
+        fields: dict[str, Any] = {}
+        for name in ("loss", "grad_norm", "loss_scale", "lr"):
+            value = getattr(self, name)
+            if value is not None:
+                fields[name] = value
+        if self.overflow:
+            fields["skipped"] = True
+        if self.nonfinite:
+            fields["nonfinite"] = True
+        fields.update(self.extra)
+        return fields
 
 
 def to_host(value: Any) -> Any:
@@ -114,20 +137,18 @@ def _parse_sequence(outputs: tuple[Any, ...] | list[Any]) -> StepOutputs:
     first = outputs[0]
     # A network with several outputs nested as the first element: its first one is the loss.
     result = _parse_sequence(first) if isinstance(first, (tuple, list)) else StepOutputs(loss=to_float(first))
-    seen_flag = False
-    for item in outputs[1:]:
-        if _is_bool(item):
-            if not seen_flag:
-                result.overflow = _to_bool(item)
-                seen_flag = True
-            continue
-        number = to_float(item)
-        if number is None:
-            continue
-        if not seen_flag and result.grad_norm is None:
-            result.grad_norm = number
-        elif seen_flag and result.loss_scale is None:
-            result.loss_scale = number
+    rest = outputs[1:]
+    flag = next((i for i, item in enumerate(rest) if _is_bool(item)), len(rest))
+    if result.grad_norm is None:
+        result.grad_norm = next((n for n in map(to_float, rest[:flag]) if n is not None), None)
+    if flag == len(rest):
+        return result
+    result.overflow = _to_bool(rest[flag])
+    scale, lr, norm = (*rest[flag + 1 : flag + 4], None, None, None)[:3]
+    result.loss_scale = to_float(scale)
+    result.lr = to_float(lr)
+    if result.grad_norm is None:
+        result.grad_norm = to_float(norm)
     return result
 
 
@@ -142,6 +163,8 @@ def _parse_mapping(outputs: Mapping[str, Any]) -> StepOutputs:
             result.overflow = _to_bool(value)
         elif key == "loss_scale":
             result.loss_scale = to_float(value)
+        elif key == "lr":
+            result.lr = to_float(value)
         else:
             number = to_float(value)
             if number is not None:

@@ -22,10 +22,10 @@ def served(tmp_path):
     make_run(logdir, "exp1", 10)
     (tmp_path / "secret.txt").write_text("top secret")
     static = tmp_path / "static"
-    static.mkdir()
+    (static / "static").mkdir(parents=True)  # the built page's layout: index.html, assets in static/
     (static / "index.html").write_text("<!doctype html><title>page</title>")
-    (static / "app.js").write_text("console.log(1)")
-    (static / "leak.txt").symlink_to(tmp_path / "secret.txt")
+    (static / "static" / "app.js").write_text("console.log(1)")
+    (static / "static" / "leak.txt").symlink_to(tmp_path / "secret.txt")
     with start_server(logdir, port=0, static_dir=static) as h:
         yield h
 
@@ -170,9 +170,9 @@ def test_token_is_required_when_set(tmp_path):
     logdir = tmp_path / "logs"
     make_run(logdir, "exp1", 2)
     static = tmp_path / "static"
-    static.mkdir()
+    (static / "static").mkdir(parents=True)
     (static / "index.html").write_text("page")
-    (static / "app.js").write_text("js")
+    (static / "static" / "app.js").write_text("js")
     with start_server(logdir, port=0, token="s3cret", static_dir=static) as h:
         assert h.url.endswith("/?token=s3cret")
         port = h.port

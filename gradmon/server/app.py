@@ -502,7 +502,10 @@ class GradmonServer:
 
     def _static_file(self, raw: str) -> Response:
         name = safe_relpath(raw)
-        path = self._static_files().get(name) or self._static_files(refresh=True).get(name)
+        # The page is laid out as its URLs are (index.html, assets in static/: dashboard/build.mjs),
+        # so /static/<file> is the file at static/<file>, as it is when index.html opens from disk.
+        key = f"static/{name}"
+        path = self._static_files().get(key) or self._static_files(refresh=True).get(key)
         if path is None:
             raise HttpError(404, f"no such file: {name[:200]!r}")
         try:
