@@ -236,6 +236,22 @@ def test_failing_history_read_falls_back_to_outputs(tmp_path, caplog):
     assert records(path, "header")[0]["initial_step_from"] == "optimizer"
 
 
+def test_a_second_monitor_on_the_same_log_is_refused(tmp_path):
+    from gradmon.runlog import LogInUseError
+
+    path = tmp_path / "metrics.jsonl"
+    first = LiveMonitor(path)
+    first.log(1, loss=1.0)
+    cell, _ = history_cell("fake")
+    with pytest.raises(LogInUseError, match=f"pid {os.getpid()}"):
+        Model(cell).train(1, dataset(2), callbacks=[LiveMonitor(path)])
+    assert cell.total == 0  # refused before training started
+    first.log(2, loss=2.0)
+    first.close()
+    assert [(r["type"], r.get("step")) for r in records(path)] == [("header", None), ("step", 1), ("step", 2),
+                                                                   ("end", None)]
+
+
 def test_non_writing_rank_reads_only_for_the_abort_policy(tmp_path, monkeypatch):
     import gradmon.segment
 
