@@ -6,15 +6,14 @@ records, their events and the abort policy. What MindSpore tells about the run g
 header (:mod:`gradmon.header`); where a resumed run continues comes from the restored training
 state (:mod:`gradmon.training_state`).
 
-Host cost per step: a non-log step is two ``time.perf_counter()`` calls and a comparison (no
-tensor is read). Every ``log_interval`` steps the monitor reads the device once: the step cell's
-history ring when it has one (``gradmon_read_history``, see docs/design.md) — then every step
-since the last read gets its own record — or else the last step's outputs.
+Host cost per step: a non-log step is two ``time.perf_counter()`` calls and a few integer
+operations (no tensor is read). Every ``log_interval`` steps the monitor reads the device once:
+the step cell's history ring when it has one (``gradmon_read_history``, see docs/design.md) —
+then every step since the last read gets its own record — or else the last step's outputs.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Mapping
@@ -31,8 +30,6 @@ from gradmon.steplog import StepLogger
 from gradmon.training_state import batch_size, epoch_length, restored_step
 
 __all__ = ["LiveMonitor", "log_file_path", "rank_log_path"]
-
-_log = logging.getLogger("gradmon.callback")
 
 LOG_FILE_NAME = "metrics.jsonl"
 _EPOCH_LENGTH_NOT_GIVEN = "not given (a hand-written loop: pass steps_per_epoch to start())"
