@@ -3,7 +3,9 @@
 :class:`RunLogWriter` appends strict JSON lines, one ``write()`` per complete line, straight to the
 file descriptor (no user-space buffer, so a tailing reader sees a line as soon as it is written).
 An I/O failure never raises into training: the writer warns once, counts the dropped records and
-reopens the file later with exponential backoff.
+reopens the file later with exponential backoff. One writer per log (:mod:`gradmon.writelock`); a
+writer that finds the log ending in a partial line (its previous writer died mid-write) first ends
+that line, so the fragment is one malformed line and the new records start on a line of their own.
 
 :func:`read_records` yields the valid records of a log, never a trailing partial line, and counts
 what it skips in a :class:`ReadStats`.
@@ -30,10 +32,12 @@ from typing import IO, Any, Callable, Union
 from gradmon.jsonl import RecordError, decode_line, encode_record
 from gradmon.lines import MAX_LINE_BYTES, LineSplitter
 from gradmon.schema import SCHEMA_VERSION
+from gradmon.writelock import LogInUseError, WriterLock
 
 __all__ = [
     "MAX_LINE_BYTES",
     "SCHEMA_VERSION",
+    "LogInUseError",
     "ReadStats",
     "RunLogWriter",
     "header_record",
@@ -69,6 +73,11 @@ class RunLogWriter:
     ``header``: when given, a ``header`` record (see :func:`header_record`) with these fields is
     written on open. :meth:`close` writes the ``end`` record.
 
+    One writer per log: the constructor raises :class:`LogInUseError` (naming the holder) when
+    another writer, in this process or another, has the log open. The lock is held until
+    :meth:`close`; should the log's directory be removed and another writer take the log while
+    this one reopens it, this one drops (and counts) its records from then on.
+
     Failure handling: any ``OSError`` (disk full, permission denied, directory removed, ...) is
     caught. The first one emits a :class:`RuntimeWarning` (and a log message); the record is
     dropped and counted in :attr:`dropped_records`; the file is reopened at the next write after
@@ -94,7 +103,9 @@ class RunLogWriter:
         self._retry_max = retry_max
         self._check_interval = check_interval
         self._clock = clock
-        self._lock = threading.Lock()
+        self._mutex = threading.Lock()
+        self._writer_lock = WriterLock(self.path)
+        self._superseded: LogInUseError | None = None
         self._fd: int | None = None
         self._inode: tuple[int, int] | None = None
         self._next_check = 0.0
@@ -104,12 +115,13 @@ class RunLogWriter:
         self._warned = False
         self._dropped = 0
         self._dropped_since_recovery = 0
-        self._written = 0
         self._closed = False
-        with self._lock:
-            self._open()
-        if header is not None:
-            self.write(header_record(**header))
+        first = header_record(**header) if header is not None else None
+        self._lock_note = {"run_id": first["run_id"]} if first is not None else {}
+        with self._mutex:
+            self._open(first=True)
+        if first is not None:
+            self.write(first)
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -119,11 +131,6 @@ class RunLogWriter:
         return self._dropped
 
     @property
-    def written_records(self) -> int:
-        """Records written successfully."""
-        return self._written
-
-    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -131,7 +138,7 @@ class RunLogWriter:
         """Append one record as one line. Returns whether it reached the file; never raises for
         I/O errors (a record that cannot be JSON-encoded raises ``ValueError``/``TypeError``)."""
         line = encode_record(record).encode("utf-8")
-        with self._lock:
+        with self._mutex:
             if self._closed:
                 raise ValueError(f"write to a closed run log {self.path}")
             if len(line) > MAX_LINE_BYTES:
@@ -148,12 +155,13 @@ class RunLogWriter:
         if status is not None:
             end = {"type": "end", "ts": time.time(), "status": status, **fields}
             # dropped_records counts this very record too if it cannot be written: read it last.
-            with self._lock:
+            with self._mutex:
                 end["dropped_records"] = self._dropped
                 self._write_line(encode_record(end).encode("utf-8"))
-        with self._lock:
+        with self._mutex:
             self._closed = True
             self._close_fd()
+            self._writer_lock.release()
 
     def __enter__(self) -> RunLogWriter:
         return self
@@ -161,23 +169,59 @@ class RunLogWriter:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.close("finished" if exc_type is None else "failed")
 
-    # -- internals (called with the lock held) -----------------------------------------------
+    # -- internals (called with the mutex held) ----------------------------------------------
 
-    def _open(self) -> bool:
+    def _open(self, *, first: bool = False) -> bool:
+        """Open (or reopen) the log: its directory, the one-writer lock, the file, and the end of
+        a partial line left by a writer that died. ``first``: a held lock raises, else it makes
+        this writer superseded."""
         try:
             directory = os.path.dirname(self.path)
             if directory:
                 os.makedirs(directory, exist_ok=True)
+            lock = self._writer_lock
+            if not lock.held and lock.unlocked_reason is None:
+                try:
+                    lock.acquire(self._lock_note)
+                except LogInUseError as exc:
+                    if first:
+                        raise
+                    self._superseded = exc
+                    self._warn(f"{exc}; this writer drops its records from now on")
+                    return False
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
             fd = os.open(self.path, flags, 0o644)
             st = os.fstat(fd)
+            self._fd = fd
+            self._inode = (st.st_dev, st.st_ino)
         except OSError as exc:
             self._fail(exc, "open")
             return False
-        self._fd = fd
-        self._inode = (st.st_dev, st.st_ino)
+        if not self._end_partial_line(st.st_size):
+            return False
         self._next_check = self._clock() + self._check_interval
         return True
+
+    def _end_partial_line(self, size: int) -> bool:
+        """If the log does not end with ``\\n`` its last writer died mid-line: end that line, so
+        it is one malformed line to readers instead of swallowing our next record. False when
+        that write failed (the file is then closed again, as after any failed write)."""
+        if size == 0:
+            return True
+        try:
+            with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if (st.st_dev, st.st_ino) != self._inode:
+                    return True
+                f.seek(size - 1)
+                last = f.read(1)
+        except OSError:  # unreadable (a write-only file, a device): nothing to check
+            return True
+        if not last or last == b"\n":
+            return True
+        _log.warning("gradmon: run log %s ended in a partial line (its last writer died mid-write); "
+                     "ending that line before writing", self.path)
+        return self._write_all(b"\n")
 
     def _close_fd(self) -> None:
         if self._fd is not None:
@@ -194,6 +238,9 @@ class RunLogWriter:
         return (st.st_dev, st.st_ino) != self._inode
 
     def _write_line(self, line: bytes) -> bool:
+        if self._superseded is not None:  # another writer has the log now: never interleave
+            self._dropped += 1
+            return False
         now = self._clock()
         if self._fd is None:
             if now < self._retry_at or not self._open():
@@ -216,7 +263,6 @@ class RunLogWriter:
             self._dropped += 1
             self._dropped_since_recovery += 1
             return False
-        self._written += 1
         return True
 
     def _write_all(self, data: bytes) -> bool:
@@ -247,7 +293,6 @@ class RunLogWriter:
         self._failing = False
         self._backoff = self._retry_initial
         self._dropped_since_recovery = 0
-        self._written += 1
         return True
 
     def _fail(self, exc: OSError, action: str) -> None:

@@ -23,9 +23,10 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 # Keys whose values are text by definition: a "NaN" there is the word, not a number.
-TEXT_KEYS = frozenset(
-    {"type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit"}
-)
+TEXT_KEYS = frozenset({
+    "type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit",
+    "parallel_mode", "norm_strategy", "initial_step_from", "steps_per_epoch_unknown", "reason", "skip_reason",
+})
 
 # Known fields and the JSON types they must have when present (bool is not a number here).
 INT_FIELDS = ("step", "epoch", "pid", "world_size", "rank", "schema", "steps")

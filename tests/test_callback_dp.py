@@ -31,6 +31,7 @@ def check_log(recs: list[dict], rank: int) -> None:
     assert [r["type"] for r in recs if r["type"] == "header"] == ["header"]  # one writer, one segment
     header = recs[0]
     assert (header["world_size"], header["rank"]) == (2, rank)
+    assert (header["parallel_mode"], header["device_num"]) == ("data_parallel", 2)
     steps = [r for r in recs if r["type"] == "step"]
     assert [r["step"] for r in steps] == list(range(1, 9))  # every step, from the device history
     assert all(r["grad_norm"] > 0 for r in steps)

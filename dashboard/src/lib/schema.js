@@ -12,7 +12,8 @@
 
   const SCHEMA = Object.freeze({
     // Keys whose values are text by definition: a "NaN" there is the word, not a number.
-    TEXT_KEYS: ["type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit"],
+    TEXT_KEYS: ["type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit",
+      "parallel_mode", "norm_strategy", "initial_step_from", "steps_per_epoch_unknown", "reason", "skip_reason"],
     // Known fields that must be integers / numbers when present.
     INT_FIELDS: ["step", "epoch", "pid", "world_size", "rank", "schema", "steps"],
     NUMBER_FIELDS: ["ts", "start_time"],
