@@ -10,7 +10,9 @@ Playwright; no browser is ever downloaded).
 
 from __future__ import annotations
 
+import math
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -19,6 +21,7 @@ from typing import Any
 
 from benchmarks.runlogs import ensure_run_log, generate_run_log, step_record
 from benchmarks.server_section import serve, server_unavailable_reason
+from gradmon.jsonl import encode_record
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -41,6 +44,123 @@ _START_COUNTING = """() => {
 _STOP_COUNTING = """() => { cancelAnimationFrame(window.__bench.raf);
   return {frames: window.__bench.frames, longTasks: window.__bench.longTasks,
           ms: performance.now() - window.__bench.t0}; }"""
+
+
+# ---------------------------------------------------------------------------- the four-run set
+
+FOUR_RUNS = ("baseline", "lr-3x", "spiky-nan", "diverged")
+_STEP_LINE = (
+    '{{"type":"step","step":{s},"epoch":{e},"ts":{ts:.3f},"loss":{loss:.6f},"grad_norm":{g:.6f},'
+    '"lr":{lr:.6g},"throughput":{tp:.1f},"step_time":{st:.5f},"data_time":{dt:.5f},"clip_coef":{c:.6f},'
+    '"zscore":{z:.3f}}}\n'
+)
+
+
+def _lr_at(step: int, peak: float, n: int, warmup: int = 1000) -> float:
+    """Linear warm-up to ``peak``, then cosine decay to a tenth of it."""
+    if step <= warmup:
+        return peak * step / warmup
+    t = (step - warmup) / max(1, n - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def _header(k: int, name: str, start: float, peak: float) -> dict[str, Any]:
+    config = {"model": "gpt-124M", "lr": peak, "batch_size": 256, "warmup": 1000, "schedule": "cosine",
+              "max_norm": 1.0, "seed": 1234 + k}
+    return {"type": "header", "schema": 1, "run_id": f"{k:02d}" * 8, "start_time": start, "host": "bench",
+            "pid": 100 + k, "versions": {"gradmon": "bench"}, "mode": "GRAPH", "device": "CPU",
+            "world_size": 1, "rank": 0, "max_norm": 1.0, "spike_mode": "clip", "log_interval": 100,
+            "batch_size": 256, "config": config}
+
+
+def _incidents(name: str, n: int) -> list[tuple[str, int, int, int, float, str]]:
+    """The alarms the writer logs for a run of the set: (reason, start, end, flagged, value, message)."""
+    burst, nan_step, diverge = int(0.6 * n), int(0.75 * n), int(0.45 * n)
+    if name == "spiky-nan":
+        return [("grad_norm_spike", burst, burst + 19, 20, 31.0, "norm 70x its running level"),
+                ("nonfinite", nan_step, nan_step, 1, math.nan, "non-finite loss and gradient norm")]
+    if name == "diverged":
+        return [("grad_norm_spike", diverge, n, n - diverge + 1, 3000.0, "norm 6000x its running level")]
+    return []
+
+
+def _step(name: str, s: int, n: int, rng: random.Random, peak: float, ts: float) -> tuple[str, str | None]:
+    """One step line of a run of the set, and the kind of flag it carries (None, "spike", "nonfinite")."""
+    burst, nan_step, diverge = int(0.6 * n), int(0.75 * n), int(0.45 * n)
+    fast = name == "lr-3x"
+    loss = 2.45 - 0.35 * fast + 7.5 * math.exp(-s / (400 if fast else 600)) + 0.4 * math.exp(-s / 8000)
+    loss += 0.05 * rng.gauss(0, 1)
+    norm = (0.55 if fast else 0.4) * (1 + 2.5 * math.exp(-s / 300)) * (1 + 0.12 * rng.gauss(0, 1))
+    tp = 1000 + 60 * rng.gauss(0, 1) - (700 if s % 1000 == 0 else 0)
+    flags: dict[str, Any] = {}
+    if name == "diverged" and s >= diverge:
+        norm = 250 + 3450 * rng.random() ** 3
+        loss = 10.4 + 0.03 * rng.gauss(0, 1) - 7.5 * math.exp(-(s - diverge) / 40)
+        if s - diverge < 40 and s % 2 == 0:
+            flags = {"spike": True, "clipped": True}
+    if name == "spiky-nan" and burst <= s < burst + 20:
+        norm = 20 + 15 * rng.random()
+        loss += 0.8
+        flags = {"spike": True, "clipped": True}
+    if name == "spiky-nan" and s == nan_step:
+        flags = {"loss": math.nan, "grad_norm": math.nan, "nonfinite": True, "skipped": True}
+    fields = {"s": s, "e": 1 + (s - 1) // 5000, "ts": ts, "loss": loss, "g": norm, "lr": _lr_at(s, peak, n),
+              "tp": tp, "st": 256 / tp, "dt": 0.002 + 0.001 * rng.random(), "c": min(1.0, 1.0 / norm),
+              "z": 0.0}
+    if not flags:
+        return _STEP_LINE.format(**fields), None
+    rec = {"type": "step", "step": s, "epoch": fields["e"], "ts": ts, "loss": loss, "grad_norm": norm,
+           "lr": fields["lr"], "throughput": tp, "step_time": fields["st"], "data_time": fields["dt"],
+           "clip_coef": fields["c"], "zscore": 9.0, **flags}
+    if "nonfinite" in flags:
+        rec["clip_coef"] = 0.0
+    return encode_record(rec), "nonfinite" if "nonfinite" in flags else "spike"
+
+
+def write_four_runs(root: str, n: int = 20_000, t0: float = 1.7e9) -> dict[str, dict[str, Any]]:
+    """Write the issue's comparison set under ``root``: ``baseline``, ``lr-3x`` (lr 1e-3 instead of
+    3e-4), ``spiky-nan`` (a 20-step grad-norm spike burst at 0.6 n and a NaN step at 0.75 n) and
+    ``diverged`` (norm 250–3,700 and loss ~10.4 from 0.45 n), ``n`` steps each, eval every 500 steps,
+    and the writer's alarm events (format.md). Deterministic. Returns per run what was written:
+    ``{"path", "flagged": {"spike": [...], "skip": [...], "nonfinite": [...]}, "incidents": [...]}``.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for k, name in enumerate(FOUR_RUNS):
+        rng = random.Random(1234 + k)
+        peak = 1e-3 if name == "lr-3x" else 3e-4
+        start = t0 + 60 * k
+        flagged: dict[str, list[int]] = {"spike": [], "skip": [], "nonfinite": []}
+        incidents = _incidents(name, n)
+        lines = [encode_record(_header(k, name, start, peak))]
+        for s in range(1, n + 1):
+            ts = start + 0.25 * s
+            line, flag = _step(name, s, n, rng, peak, ts)
+            lines.append(line)
+            if flag == "spike":
+                flagged["spike"].append(s)
+            elif flag == "nonfinite":
+                flagged["skip"].append(s)
+                flagged["nonfinite"].append(s)
+            if s % 500 == 0:
+                diverged = name == "diverged" and s > int(0.45 * n) + 200
+                ev_loss = 10.5 if diverged else 2.6 + 7.5 * math.exp(-s / 600)
+                lines.append(encode_record({"type": "eval", "step": s, "ts": ts, "loss": ev_loss}))
+            for reason, a, b, count, value, why in incidents:
+                if s == a:
+                    lines.append(encode_record({"type": "event", "kind": "alarm", "step": a, "ts": ts,
+                                                "reason": reason, "field": "grad_norm", "value": value,
+                                                "baseline": 0.42, "message": why}))
+                if s == b:
+                    lines.append(encode_record({"type": "event", "kind": "alarm_end", "step": b, "ts": ts,
+                                                "start": a, "flagged": count, "message": "incident closed"}))
+        lines.append(encode_record({"type": "end", "ts": start + 0.25 * n, "status": "finished", "steps": n,
+                                    "dropped_records": 0}))
+        path = os.path.join(root, name, "metrics.jsonl")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("".join(lines))
+        out[name] = {"path": path, "flagged": flagged, "incidents": [i[:4] for i in incidents]}
+    return out
 
 
 def page_unavailable_reason() -> str | None:
