@@ -117,15 +117,18 @@ def _step(name: str, s: int, n: int, rng: random.Random, peak: float, ts: float)
     return encode_record(rec), "nonfinite" if "nonfinite" in flags else "spike"
 
 
-def write_four_runs(root: str, n: int = 20_000, t0: float = 1.7e9) -> dict[str, dict[str, Any]]:
+def write_four_runs(root: str, n: int = 20_000, t0: float = 1.7e9,
+                    names: tuple[str, ...] = FOUR_RUNS) -> dict[str, dict[str, Any]]:
     """Write the issue's comparison set under ``root``: ``baseline``, ``lr-3x`` (lr 1e-3 instead of
     3e-4), ``spiky-nan`` (a 20-step grad-norm spike burst at 0.6 n and a NaN step at 0.75 n) and
     ``diverged`` (norm 250–3,700 and loss ~10.4 from 0.45 n), ``n`` steps each, eval every 500 steps,
-    and the writer's alarm events (format.md). Deterministic. Returns per run what was written:
+    and the writer's alarm events (format.md). Deterministic (``names`` writes a subset). Returns per run:
     ``{"path", "flagged": {"spike": [...], "skip": [...], "nonfinite": [...]}, "incidents": [...]}``.
     """
     out: dict[str, dict[str, Any]] = {}
     for k, name in enumerate(FOUR_RUNS):
+        if name not in names:
+            continue
         rng = random.Random(1234 + k)
         peak = 1e-3 if name == "lr-3x" else 3e-4
         start = t0 + 60 * k

@@ -19,6 +19,8 @@
       this.hooks = hooks;
       this.client = null;
       this.zoomKeys = new Map();
+      // `?fullres=N` lowers the bound (less memory per run; also how the tests reach the lead-in path).
+      this.fullResMax = hooks.fullResMax > 0 ? Math.min(FULL_RES_MAX, hooks.fullResMax) : FULL_RES_MAX;
     }
 
     // ------------------------------------------------------------------ live
@@ -53,14 +55,14 @@
     /** Whether the run's whole history is fetched at full resolution (for exact smoothing). */
     wantsFullResolution(name) {
       const info = this.state.runsInfo.get(name);
-      return this.hooks.smoothing() > 0 && !!info && typeof info.records === "number" && info.records <= FULL_RES_MAX;
+      return this.hooks.smoothing() > 0 && !!info && typeof info.records === "number" && info.records <= this.fullResMax;
     }
 
     _points(name) {
       const base = this.hooks.historyPoints();
       if (!this.wantsFullResolution(name)) return base;
       const records = this.state.runsInfo.get(name).records;
-      return Math.min(FULL_RES_MAX, Math.max(base, Math.ceil(records * 1.1) + 100)); // headroom: a live run grows
+      return Math.min(this.fullResMax, Math.max(base, Math.ceil(records * 1.1) + 100)); // headroom: a live run grows
     }
 
     async load(name) {
@@ -180,7 +182,7 @@
         let points = this.hooks.historyPoints();
         if (alpha > 0) {
           from = Math.max(run.firstStep !== null ? run.firstStep : 1, start - L.leadInSteps(alpha));
-          if (end - from + 1 <= FULL_RES_MAX) points = Math.max(points, end - from + 1);
+          if (end - from + 1 <= this.fullResMax) points = Math.max(points, end - from + 1);
         }
         const key = from + ":" + end + ":" + points;
         if (this.zoomKeys.get(run.name) === key) continue;

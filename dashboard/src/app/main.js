@@ -14,7 +14,9 @@
   const parsed = L.parseView(location.search);
   // A static export opens in the view it was exported with, unless its URL says otherwise.
   const initial = exportData && typeof exportData.view === "string" && L.sameView(parsed.view, L.defaultView()) ? L.parseView(exportData.view).view : parsed.view;
-  const pointsParam = Number(parsed.other.filter(([k]) => k === "points").map(([, v]) => v)[0]);
+  const param = (k) => Number(parsed.other.filter(([key]) => key === k).map(([, v]) => v)[0]);
+  const pointsParam = param("points"); // history points per request (default: two per pixel of chart width)
+  const fullResParam = param("fullres"); // records up to which a run is held at full resolution (default 100000)
 
   const state = {
     mode: exportData ? "export" : location.protocol === "file:" ? "offline" : "live",
@@ -338,6 +340,7 @@
     });
     feed = new A.Feed(state, {
       token: parsed.other.filter(([k]) => k === "token").map(([, v]) => v)[0] || null,
+      fullResMax: fullResParam,
       changed,
       setRunsInfo,
       notice: setNotice,
@@ -419,7 +422,7 @@
     markers: (panel) => (board ? board.markers(panel) : []),
     marks(run, kind) {
       const r = state.runs.get(run);
-      return r ? r.marksOf(kind).map((m) => m.step) : [];
+      return r ? Array.from(new Set(r.marksOf(kind).map((m) => m.step))) : [];
     },
     spikes: () => entries().flatMap(({ run }) => run.marksOf("spike").map((m) => ({ run: run.name, step: m.step, value: m.value }))),
     incidents: () => (banner ? banner.incidents().map((i) => ({ run: i.run, reason: i.reason, start: i.start, end: i.end, flagged: i.flagged, ongoing: i.ongoing })) : []),
