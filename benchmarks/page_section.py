@@ -6,21 +6,30 @@ Playwright; no browser is ever downloaded).
   painted). ``first_contentful_paint_ms`` is the browser's own FCP of the page shell.
 - ``fps_streaming``: ``requestAnimationFrame`` callbacks per second while a live run grows at
   ``rate`` records/s; ``long_tasks`` counts main-thread tasks > 50 ms in that window.
+- The four-run set (``write_four_runs``: 4 runs x 20,000 steps, as in the issue's comparison with
+  TensorBoard and trackio; 2,000 with ``--smoke``), opened with one run (``?run=baseline``) and with
+  all four (the default view), alternately, a fresh browser context each time:
+  ``one_run_ready_ms`` / ``four_runs_ready_ms`` (median): navigation start -> every shown run's
+  history drawn, then two animation frames; ``one_run_heap_mb`` / ``four_runs_heap_mb`` (median):
+  the page's JS heap after a forced GC (CDP ``Runtime.getHeapUsage``, 1 MB = 10^6 bytes);
+  ``four_runs_history_kb``: the history responses' bodies.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 from benchmarks.runlogs import ensure_run_log, generate_run_log, step_record
-from benchmarks.server_section import serve, server_unavailable_reason
+from benchmarks.server_section import http_get, serve, server_unavailable_reason
 from gradmon.jsonl import encode_record
 
 CHROMIUM = "/usr/bin/chromium"
@@ -202,6 +211,75 @@ def _first_paint(browser: Any, url: str, timeout_ms: float) -> dict[str, Any]:
         page.close()
 
 
+# Resolves when every shown run's data is drawn: with the page's `loaded()` (all histories in, no
+# redraw pending); on a page without it (an older build), when a draw follows the data's arrival.
+_READY = """([n, timeoutMs]) => new Promise((resolve, reject) => {
+  const t0 = performance.now();
+  let before = null, atData = null;
+  const tick = () => {
+    const g = window.gradmon;
+    if (performance.now() - t0 > timeoutMs) return reject(new Error('page not ready'));
+    if (g && g.selected().length >= n && g.selected().every(r => g.pointCount(r, 'loss') > 0)) {
+      const done = g.loaded
+        ? g.loaded().length >= n && !g.board.dirty && !g.board.frame && g.renderCount() > 0
+        : (atData = atData === null ? before : atData, g.renderCount() > atData);
+      if (done) return requestAnimationFrame(() => requestAnimationFrame(() => resolve(performance.now())));
+    } else if (g) before = g.renderCount();
+    requestAnimationFrame(tick);
+  };
+  tick();
+})"""
+
+
+def _history_bytes(page: Any) -> int:
+    return int(page.evaluate("""() => performance.getEntriesByType('resource')
+        .filter(e => e.name.includes('/history')).reduce((a, e) => a + e.encodedBodySize, 0)"""))
+
+
+def load_page(browser: Any, url: str, runs: int, timeout_ms: float = 120_000) -> dict[str, float]:
+    """Open ``url`` in a fresh context; time until ``runs`` runs are drawn; the JS heap after a GC."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        page = ctx.new_page()
+        page.goto(url, wait_until="commit", timeout=timeout_ms)
+        ready = page.evaluate(_READY, [runs, timeout_ms])
+        cdp = ctx.new_cdp_session(page)
+        cdp.send("HeapProfiler.collectGarbage")
+        heap = cdp.send("Runtime.getHeapUsage")["usedSize"]
+        return {"ready_ms": ready, "heap_mb": heap / 1e6, "history_bytes": _history_bytes(page)}
+    finally:
+        ctx.close()
+
+
+def measure_four_runs(browser: Any, url: str, rounds: int) -> dict[str, Any]:
+    """One run and four runs, alternately (so machine load hits both alike); medians."""
+    got: dict[str, list[dict[str, float]]] = {"one": [], "four": []}
+    for r in range(rounds):
+        for case in (("one", "four") if r % 2 == 0 else ("four", "one")):
+            got[case].append(load_page(browser, url + ("/?run=baseline" if case == "one" else "/"),
+                                       1 if case == "one" else 4))
+    med = lambda case, k: statistics.median(x[k] for x in got[case])  # noqa: E731
+    return {
+        "one_run_ready_ms": med("one", "ready_ms"),
+        "four_runs_ready_ms": med("four", "ready_ms"),
+        "one_run_heap_mb": med("one", "heap_mb"),
+        "four_runs_heap_mb": med("four", "heap_mb"),
+        "four_runs_history_kb": med("four", "history_bytes") / 1e3,
+        "four_runs_rounds": rounds,
+    }
+
+
+def _wait_indexed(url: str, runs: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = json.loads(http_get(url + "/api/runs")[1])["runs"]
+        if len(listed) >= runs and not any(r.get("indexing") for r in listed):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("the four runs were not indexed in time")
+        time.sleep(0.1)
+
+
 def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: str) -> dict[str, Any]:
     reason = page_unavailable_reason()
     if reason:
@@ -250,10 +328,23 @@ def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: s
                     page.close()
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
+            n_four = 2_000 if smoke else 20_000
+            four = os.path.join(out_dir, "bigruns", f"four-{n_four}")
+            if not os.path.exists(os.path.join(four, "diverged", "metrics.jsonl")):
+                write_four_runs(four, n_four)
+            log(f"page: load time and JS heap, 1 and 4 runs x {n_four:,} steps")
+            with serve(four, os.path.join(out_dir, "server-page-four.log")) as srv:
+                _wait_indexed(srv["url"], 4)
+                result["four_runs_steps"] = n_four
+                result.update(measure_four_runs(browser, srv["url"], 1 if smoke else 5))
         finally:
             browser.close()
+    nan = float("nan")
     log(
-        f"  chart ready {result.get('chart_ready_ms', float('nan')):.0f} ms, "
-        f"{result.get('fps_streaming', float('nan')):.0f} fps while streaming"
+        f"  chart ready {result.get('chart_ready_ms', nan):.0f} ms, "
+        f"{result.get('fps_streaming', nan):.0f} fps while streaming; "
+        f"1 run {result.get('one_run_ready_ms', nan):.0f} ms / {result.get('one_run_heap_mb', nan):.1f} MB, "
+        f"4 runs {result.get('four_runs_ready_ms', nan):.0f} ms / "
+        f"{result.get('four_runs_heap_mb', nan):.1f} MB"
     )
     return result

@@ -123,6 +123,13 @@ class Page:
         """Wait until the board has drawn everything it was asked to (no redraw pending)."""
         self.wait("window.gradmon.board && !window.gradmon.board.dirty && !window.gradmon.board.frame")
 
+    def show_chart(self, panel: str) -> None:
+        """Scroll a chart into view and wait until it is drawn (charts far from the viewport are not)."""
+        self.page.locator(f".chart-card[data-panel='{panel}']").scroll_into_view_if_needed()
+        card = f"window.gradmon.board.panels.get('{panel}')"
+        self.wait(f"{card} && {card}.chart && {card}.key")
+        self.settled()
+
     def _console(self, msg: object) -> None:
         if msg.type == "error":
             self.errors.append(f"console.error: {msg.text}")

@@ -272,6 +272,7 @@ def test_system_points_and_layers_of_a_run_written_before_the_page_opened(logdir
         panels = page.wait("window.gradmon.panels().includes('system/rss_bytes') && window.gradmon.panels()")
         assert {"system/cpu_percent", "system/process_cpu_percent", "system/host_mem_percent"} <= set(panels)
         # The byte axis is labelled in MB/GB, not raw counts.
+        page.show_chart("system/rss_bytes")
         labels = page.eval("""(() => { const c = window.gradmon.board.panels.get('system/rss_bytes').chart;
                                  const f = c.getOption().yAxis[0].axisLabel.formatter;
                                  return [f(1.1e9), f(1.05e9)]; })()""")

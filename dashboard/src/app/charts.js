@@ -6,6 +6,7 @@
   const MIN_FRAME_MS = 100; // at most 10 redraws per second while streaming
   const ZOOM_SETTLE_MS = 350;
   const DARK = "(prefers-color-scheme: dark)";
+  const NEAR_PX = 300; // a chart this close to the viewport is drawn
 
   class ChartBoard {
     /**
@@ -20,6 +21,7 @@
       this.sections = new Map(); // id -> {el, grid, head, hiddenBox}
       this.dirty = false;
       this.frame = 0;
+      this.frameDue = 0;
       this.lastDraw = 0;
       this.renderCount = 0;
       this.zoomTimer = null;
@@ -31,6 +33,8 @@
       this.dark = !!(this.media && this.media.matches);
       this.theme = A.themeColors();
       if (this.media) this.media.addEventListener("change", () => this.setTheme());
+      // Charts are created and redrawn only near the viewport: a long dashboard costs what is seen.
+      this.visibility = new IntersectionObserver((list) => this._onVisibility(list), { rootMargin: NEAR_PX + "px 0px" });
       this.resizeObserver = new ResizeObserver((list) => {
         for (const e of list) {
           const card = this.panels.get(e.target.parentElement && e.target.parentElement.dataset.panel);
@@ -39,22 +43,34 @@
       });
     }
 
-    /** Ask for a redraw; coalesced to one per animation frame and at most every MIN_FRAME_MS. */
+    /**
+     * Ask for a redraw; coalesced to one per animation frame and at most every MIN_FRAME_MS. While
+     * the app holds drawing (`app.holdMs()` > 0: the runs shown at opening are still arriving), the
+     * redraw waits that long: one draw with every run instead of one per run.
+     */
     markDirty() {
       this.dirty = true;
-      if (this.frame) return;
-      const wait = Math.max(0, MIN_FRAME_MS - (performance.now() - this.lastDraw));
+      const hold = this.app.holdMs ? this.app.holdMs() : 0;
+      const wait = Math.max(hold, MIN_FRAME_MS - (performance.now() - this.lastDraw));
+      const due = performance.now() + wait;
+      if (this.frame) {
+        if (due >= this.frameDue - 1) return;
+        clearTimeout(this.frame); // the hold ended early (the last run arrived): draw sooner
+      }
+      this.frameDue = due;
       this.frame = setTimeout(() => {
         requestAnimationFrame(() => {
           this.frame = 0;
-          if (this.dirty) this.draw();
+          if (!this.dirty) return;
+          if (this.app.holdMs && this.app.holdMs() > 0) this.markDirty();
+          else this.draw();
         });
       }, wait);
     }
 
     /** Chart width in px (for history resolution: about two points per pixel). */
     chartWidth() {
-      for (const c of this.panels.values()) if (c.el.clientWidth) return c.el.clientWidth;
+      for (const c of this.panels.values()) if (c.chart && c.el.clientWidth) return c.el.clientWidth;
       // No chart yet: the width a card will get in the grid (minmax(min(100%, 440px), 1fr), 12px gaps).
       const w = this.container.clientWidth || 900;
       const cols = Math.max(1, Math.floor((w + 12) / 452));
@@ -79,6 +95,8 @@
       for (const card of this.panels.values()) {
         const pv = this.app.panelView(card.panel.id);
         card.sync(pv);
+        if (!card.visible) continue; // drawn when it comes near the viewport (_onVisibility)
+        if (!card.chart) this._initChart(card);
         const win = this.win;
         const key = [versions, settings.xMode, settings.smoothing, pv.scale, pv.ignoreOutliers, extent.min, extent.max,
           win ? win.startValue + ":" + win.endValue : "", maxPoints, this.dark].join("|");
@@ -148,9 +166,44 @@
       for (const [id, card] of this.panels) {
         if (shown.has(id)) continue;
         this.resizeObserver.unobserve(card.el);
+        this.visibility.unobserve(card.card);
         card.dispose();
         this.panels.delete(id);
       }
+      // New cards near the viewport are drawn in this draw (the observer reports a frame later).
+      const near = window.innerHeight + NEAR_PX;
+      for (const card of this.panels.values()) {
+        if (card.visible !== null) continue;
+        const r = card.card.getBoundingClientRect();
+        card.visible = r.top < near && r.bottom > -NEAR_PX;
+      }
+    }
+
+    _onVisibility(list) {
+      let more = false;
+      for (const e of list) {
+        const card = this.panels.get(e.target.dataset.panel);
+        if (!card) continue;
+        if (e.isIntersecting && !card.visible) more = true;
+        card.visible = e.isIntersecting;
+      }
+      if (more) this.markDirty();
+    }
+
+    _initChart(card) {
+      card.init(this.theme, this.dark);
+      card.fresh = true;
+      card.key = null;
+      this.resizeObserver.observe(card.el);
+    }
+
+    /** Draw one chart now, wherever it is (an export of a chart never scrolled to). */
+    ensureDrawn(id) {
+      const card = this.panels.get(id);
+      if (!card) return null;
+      card.visible = true;
+      this.draw();
+      return card;
     }
 
     _section(sec) {
@@ -201,10 +254,9 @@
         onResetZoom: () => this.resetZoom(),
       });
       grid.appendChild(card.card);
-      card.init(this.theme, this.dark);
-      card.fresh = true;
+      card.visible = null; // not known until laid out (see _sync)
       this.panels.set(panel.id, card);
-      this.resizeObserver.observe(card.el);
+      this.visibility.observe(card.card);
       return card;
     }
 
@@ -240,7 +292,7 @@
       const ext = this.extent;
       const full = !ext || ext.min === null || (a <= ext.min + 1e-9 * Math.abs(ext.min || 1) && b >= ext.max - 1e-9 * Math.abs(ext.max || 1));
       this.win = full ? null : { startValue: a, endValue: b };
-      for (const c of this.panels.values()) if (c !== source) this._dispatch(c, this.win);
+      for (const c of this.panels.values()) if (c !== source && c.chart) this._dispatch(c, this.win);
       clearTimeout(this.zoomTimer);
       // Refetch only when the user stops zooming: one request per gesture, not per wheel tick.
       this.zoomTimer = setTimeout(() => {
@@ -265,10 +317,10 @@
       this.dark = !!(this.media && this.media.matches);
       this.theme = A.themeColors();
       for (const c of this.panels.values()) {
+        if (!c.chart) continue;
         c.chart.dispose();
-        c.init(this.theme, this.dark);
-        c.key = null;
-        c.fresh = true;
+        c.chart = null;
+        this._initChart(c);
       }
       this.markDirty();
     }
@@ -290,7 +342,7 @@
 
     /** Current x-axis zoom window of the first chart: {start, end} in percent, {startValue, endValue} in x units. */
     currentZoom() {
-      const first = this.panels.values().next().value;
+      const first = Array.from(this.panels.values()).find((c) => c.chart);
       if (!first) return null;
       const dz = first.chart.getOption().dataZoom[0];
       return { start: dz.start, end: dz.end, startValue: dz.startValue, endValue: dz.endValue };

@@ -37,7 +37,7 @@
 
     /** Export chart `panelId` as "csv", "json" or "png"; resolves to {name, text | dataUrl}. */
     async exportChart(panelId, format) {
-      const card = this.app.board.panels.get(panelId);
+      const card = format === "png" ? this.app.board.ensureDrawn(panelId) : this.app.board.panels.get(panelId);
       if (!card) throw new Error("no chart " + panelId);
       const zoom = this.app.board.zoom;
       const span = zoom ? [zoom.startValue, zoom.endValue].map((v) => Math.round(v)) : ["all"];

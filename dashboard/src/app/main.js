@@ -8,6 +8,7 @@
   // Distinct run colours; red is kept for spike and non-finite marks.
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#17becf", "#e377c2", "#8c564b", "#bcbd22", "#7f7f7f", "#5f6bd0"];
   const URL_WRITE_MS = 150;
+  const FIRST_DRAW_HOLD_MS = 1500; // the longest the first draw waits for the other runs shown at opening
 
   const $ = (sel) => document.querySelector(sel);
   const exportData = root.GRADMON_EXPORT && typeof root.GRADMON_EXPORT === "object" ? root.GRADMON_EXPORT : null;
@@ -40,6 +41,8 @@
   let exporter = null;
   let nextColor = 0;
   let urlTimer = null;
+  let firstData = 0; // when the first run shown at opening got its history (0: none yet)
+  let opened = false; // every run shown at opening has its history (or the hold ran out)
 
   function colorOf(name) {
     if (!state.colors.has(name)) state.colors.set(name, PALETTE[nextColor++ % PALETTE.length]);
@@ -144,6 +147,25 @@
 
   function loadedRuns() {
     return Array.from(state.runs.keys()).filter((n) => !(state.streams.get(n) && state.streams.get(n).loading));
+  }
+
+  /**
+   * How long the board should still wait before its first draw: until every run shown at opening
+   * has its history, at most FIRST_DRAW_HOLD_MS after the first one arrived (0: draw now).
+   */
+  function holdMs() {
+    if (opened || state.mode !== "live") return 0;
+    const loaded = loadedRuns();
+    const waiting = state.selected.filter((n) => state.runsInfo.has(n) && !loaded.includes(n));
+    if (!waiting.length && state.selected.length) {
+      opened = true;
+      return 0;
+    }
+    if (!loaded.length) return 50;
+    if (!firstData) firstData = performance.now();
+    const left = FIRST_DRAW_HOLD_MS - (performance.now() - firstData);
+    if (left <= 0) opened = true;
+    return Math.max(0, left);
   }
 
   // ---------------------------------------------------------------- drawing
@@ -331,6 +353,7 @@
     board = new A.ChartBoard($("#charts"), {
       entries,
       settings: () => ({ xMode: state.view.xMode, smoothing: state.view.smoothing }),
+      holdMs,
       panelView,
       tooltip,
       afterDraw,
