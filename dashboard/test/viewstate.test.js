@@ -1,7 +1,7 @@
 "use strict";
 const test = require("node:test");
 const assert = require("node:assert/strict");
-const { defaultView, parseView, formatView, sameView } = require("../src/lib/viewstate.js");
+const { defaultView, parseView, formatView, sameView, panelView, changePanel } = require("../src/lib/viewstate.js");
 
 test("a plain URL is the default view, and the default view formats to nothing", () => {
   assert.deepEqual(parseView("").view, defaultView());
@@ -54,4 +54,22 @@ test("bad values fall back to defaults instead of breaking the page", () => {
 test("wall-clock zoom bounds (ms since the epoch) keep millisecond precision", () => {
   const v = Object.assign(defaultView(), { xMode: "wall", zoom: [1764486000123.4, 1764486999999.6] });
   assert.deepEqual(parseView(formatView(v, [])).view.zoom, [1764486000123, 1764487000000]);
+});
+
+test("per-chart changes: scale, outliers, hidden, expanded (one at a time) and back to defaults", () => {
+  const v = defaultView();
+  assert.deepEqual(panelView(v, "loss"), { scale: "auto", ignoreOutliers: true, expanded: false, hidden: false });
+  changePanel(v, "loss", "scale", "log");
+  changePanel(v, "loss", "outliers", false);
+  changePanel(v, "loss", "expanded", true);
+  changePanel(v, "lr", "expanded", true);
+  assert.deepEqual(panelView(v, "loss"), { scale: "log", ignoreOutliers: false, expanded: false, hidden: false });
+  assert.equal(v.expanded, "lr");
+  changePanel(v, "lr", "hidden", true);
+  assert.deepEqual([v.hidden, v.expanded], [["lr"], null]);
+  assert.equal(formatView(v, []), "?log=loss&outliers=loss&hide=lr");
+  changePanel(v, "loss", "scale", "auto");
+  changePanel(v, "loss", "outliers", true);
+  changePanel(v, "lr", "hidden", false);
+  assert.equal(formatView(v, []), "");
 });

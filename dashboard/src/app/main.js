@@ -79,24 +79,11 @@
   }
 
   function panelView(id) {
-    const v = state.view;
-    return { scale: v.scale[id] || "auto", ignoreOutliers: v.outliers[id] !== "show", expanded: v.expanded === id, hidden: v.hidden.includes(id) };
+    return L.panelView(state.view, id);
   }
 
   function onPanelChange(id, what, value) {
-    const v = state.view;
-    if (what === "scale") {
-      if (value === "auto") delete v.scale[id];
-      else v.scale[id] = value;
-    } else if (what === "outliers") {
-      if (value) delete v.outliers[id];
-      else v.outliers[id] = "show";
-    } else if (what === "hidden") {
-      v.hidden = v.hidden.filter((h) => h !== id).concat(value ? [id] : []);
-      if (value && v.expanded === id) v.expanded = null;
-    } else if (what === "expanded") {
-      v.expanded = value ? id : null;
-    }
+    L.changePanel(state.view, id, what, value);
     writeUrl();
     changed();
   }
@@ -208,51 +195,10 @@
     if (Number.isFinite(xa) && Number.isFinite(xb)) board.zoomTo(xa, xb);
   }
 
-  // ---------------------------------------------------------------- tooltip
-
-  function esc(s) {
-    return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
-  }
-
-  /** This chart's field(s) for each run at the hovered step: one row per run. */
+  /** This chart's field(s) for each run at the hovered step (lib/tooltip.js). */
   function tooltip(params, panelId) {
-    const rows = new Map();
-    let step = null;
-    for (const p of Array.isArray(params) ? params : [params]) {
-      const id = String(p.seriesId || "");
-      const data = Array.isArray(p.data) ? p.data : p.data && p.data.value;
-      if (!data) continue;
-      const role = id.slice(id.lastIndexOf("|") + 1);
-      const rest = id.slice(0, id.lastIndexOf("|"));
-      const run = role === "spikes" || role === "skips" ? rest : rest.slice(0, rest.lastIndexOf("|"));
-      const field = rest.slice(rest.lastIndexOf("|") + 1);
-      if (!rows.has(run)) rows.set(run, { marks: [] });
-      const r = rows.get(run);
-      if (role === "raw") {
-        if (field.startsWith("eval/")) r.eval = data;
-        else {
-          r.raw = data;
-          if (step === null) step = data[2];
-        }
-      } else if (role === "smooth") r.smooth = data;
-      else if (p.data && p.data.nonfinite && r.raw && data[2] === r.raw[2]) r.marks.push(p.data.field + " " + p.data.nonfinite);
-      else if (p.data && p.data.mark && r.raw && data[2] === r.raw[2]) r.marks.push(p.data.mark.kind);
-    }
-    const panel = board && board.panels.get(panelId);
-    const unitField = panel ? panel.panel.fields[0] : "";
-    const out = [];
-    for (const [name, r] of rows) {
-      if (!r.raw && !r.eval) continue;
-      const main = r.smooth ? r.smooth : r.raw;
-      let cells = "<td class='tt-v'>" + (main ? esc(L.formatField(unitField, main[1])) : "") + "</td>";
-      if (r.smooth) cells += "<td class='tt-raw'>" + (r.raw ? esc(L.formatField(unitField, r.raw[1])) : "") + "</td>";
-      if (r.eval) cells += "<td class='tt-eval'>eval " + esc(L.formatValue(r.eval[1])) + (r.eval[2] !== step ? " @" + r.eval[2] : "") + "</td>";
-      const at = r.raw && r.raw[2] !== step ? " <span class='tt-at'>@" + r.raw[2] + "</span>" : "";
-      const marks = r.marks.length ? " <span class='tt-bad'>▲ " + r.marks.map(esc).join(", ") + "</span>" : "";
-      out.push("<tr><td><i class='tt-swatch' style='background:" + colorOf(name) + "'></i>" + esc(name) + at + marks + "</td>" + cells + "</tr>");
-    }
-    const head = "step " + (step === null ? "?" : step) + (state.view.smoothing > 0 ? " · smoothed <span class='tt-raw'>(raw)</span>" : "");
-    return "<div class='tt'><div class='tt-head'>" + head + "</div><table>" + out.join("") + "</table></div>";
+    const card = board && board.panels.get(panelId);
+    return L.tooltipHtml(params, { field: card ? card.panel.fields[0] : "", colorOf, smoothing: state.view.smoothing > 0 });
   }
 
   // ---------------------------------------------------------------- offline replay
@@ -407,60 +353,17 @@
     await feed.start();
   }
 
-  function smoothedDrawn(panel, run, field) {
-    const card = board && board.panels.get(panel);
-    const s = card && card.series.find((x) => x.id === run + "|" + field + "|smooth");
-    return s ? s.data.map((d) => [d[2], d[1]]) : [];
-  }
-
-  // The page's state for tests and for the curious (read-only use).
-  root.gradmon = {
+  // The page's state for tests and for the curious (read-only use): handle.js.
+  root.gradmon = A.pageHandle({
     state,
-    get board() {
-      return board;
-    },
-    runs: () => Array.from(state.runsInfo.keys()),
-    selected: () => state.selected.slice(),
-    select: (name, on) => selectRun(name, on !== false),
-    layers(run) {
-      const r = state.runs.get(run);
-      return r && r.layers ? { step: r.layers.step, rows: L.layerRows(r.layers, 0) } : null;
-    },
-    systemPoints(run, field) {
-      const r = state.runs.get(run);
-      const s = r && r.series.get("system/" + field);
-      return s ? { steps: s.steps.slice(), values: s.values.slice() } : { steps: [], values: [] };
-    },
-    pointCount(run, field) {
-      const r = state.runs.get(run);
-      return r ? r.pointCount(field) : 0;
-    },
-    lastStep(run) {
-      const r = state.runs.get(run);
-      return r ? r.lastStep : null;
-    },
-    loaded: () => loadedRuns(),
-    panels: () => (board ? Array.from(board.panels.keys()) : []),
-    sections: () => (board ? Array.from(board.sections.keys()) : []),
-    markers: (panel) => (board ? board.markers(panel) : []),
-    marks(run, kind) {
-      const r = state.runs.get(run);
-      return r ? Array.from(new Set(r.marksOf(kind).map((m) => m.step))) : [];
-    },
-    spikes: () => entries().flatMap(({ run }) => run.marksOf("spike").map((m) => ({ run: run.name, step: m.step, value: m.value }))),
-    incidents: () => (banner ? banner.incidents().map((i) => ({ run: i.run, reason: i.reason, start: i.start, end: i.end, flagged: i.flagged, ongoing: i.ongoing })) : []),
-    notifications: () => (banner ? banner.sent.slice() : []),
-    smoothedDrawn,
-    renderCount: () => (board ? board.renderCount : 0),
-    zoom: () => (board ? board.currentZoom() : null),
-    view: () => JSON.parse(JSON.stringify(state.view)),
-    exportChart: (panel, format) => exporter.exportChart(panel, format),
+    board: () => board,
+    banner: () => banner,
+    exporter: () => exporter,
+    entries,
+    loadedRuns,
+    selectRun,
     replayText,
-    setXMode(mode) {
-      $("#xmode").value = mode;
-      $("#xmode").dispatchEvent(new Event("change"));
-    },
-  };
+  });
 
   // Classic scripts at the end of <body>: the document may still be parsing.
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);

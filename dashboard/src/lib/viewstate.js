@@ -83,10 +83,36 @@
     return Array.from(new Set(list));
   }
 
+  /** A chart's settings in a view: {scale: "auto"|"log"|"linear", ignoreOutliers, expanded, hidden}. */
+  function panelView(view, id) {
+    return { scale: view.scale[id] || "auto", ignoreOutliers: view.outliers[id] !== "show", expanded: view.expanded === id, hidden: view.hidden.includes(id) };
+  }
+
+  /**
+   * Apply a change of one chart's setting to a view (in place): `what` is "scale" (value "auto" |
+   * "log" | "linear"), "outliers" (value: ignore them?), "hidden" or "expanded" (booleans). Only
+   * one chart is expanded at a time; hiding the expanded chart un-expands it.
+   */
+  function changePanel(view, id, what, value) {
+    if (what === "scale") {
+      if (value === "auto") delete view.scale[id];
+      else view.scale[id] = value;
+    } else if (what === "outliers") {
+      if (value) delete view.outliers[id];
+      else view.outliers[id] = "show";
+    } else if (what === "hidden") {
+      view.hidden = view.hidden.filter((h) => h !== id).concat(value ? [id] : []);
+      if (value && view.expanded === id) view.expanded = null;
+    } else if (what === "expanded") {
+      view.expanded = value ? id : null;
+    }
+    return view;
+  }
+
   /** Whether two views are the same (for "did the user change anything" checks). */
   function sameView(a, b) {
     return formatView(a, []) === formatView(b, []);
   }
 
-  return { X_MODES, MAX_SMOOTHING, defaultView, parseView, formatView, sameView };
+  return { X_MODES, MAX_SMOOTHING, defaultView, parseView, formatView, sameView, panelView, changePanel };
 });
