@@ -348,3 +348,53 @@ def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: s
         f"{result.get('four_runs_heap_mb', nan):.1f} MB"
     )
     return result
+
+
+# ---------------------------------------------------------------------------- screenshots
+
+SHOTS = {
+    # name: (query, viewport, colour scheme, full page)
+    "dashboard": ("", (1400, 900), "light", False),
+    "dashboard-smoothed-zoom": ("?smooth=0.9&zoom=11500,13000", (1400, 900), "light", False),
+    "dashboard-expanded": ("?run=spiky-nan&run=baseline&expand=grad_norm&zoom=11000,16000", (1400, 900),
+                           "light", False),
+    "dashboard-phone-dark": ("", (390, 844), "dark", False),
+}
+
+
+def screenshots(out_dir: str, n: int = 20_000) -> list[str]:
+    """The docs' pictures of the page on the four-run set: ``python -m benchmarks.page_section
+    --screenshots docs/img``."""
+    from playwright.sync_api import sync_playwright
+
+    written = []
+    with tempfile.TemporaryDirectory(prefix="gradmon-shots-") as root:
+        write_four_runs(root, n)
+        with sync_playwright() as p, serve(root, os.path.join(root, "server.log")) as srv:
+            _wait_indexed(srv["url"], 4)
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                for name, (query, (w, h), scheme, full) in SHOTS.items():
+                    ctx = browser.new_context(viewport={"width": w, "height": h}, color_scheme=scheme)
+                    page = ctx.new_page()
+                    page.goto(srv["url"] + "/" + query, wait_until="commit")
+                    page.evaluate(_READY, [query.count("run=") or 4, 120_000])
+                    page.evaluate("""() => new Promise(r => { const t = () => (window.gradmon.board.dirty
+                        || window.gradmon.board.frame) ? setTimeout(t, 50) : setTimeout(r, 400); t(); })""")
+                    path = os.path.join(out_dir, name + ".png")
+                    page.screenshot(path=path, full_page=full)
+                    written.append(path)
+                    ctx.close()
+            finally:
+                browser.close()
+    return written
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Screenshots of the page on the four-run set (docs/img).")
+    parser.add_argument("--screenshots", metavar="DIR", required=True, help="where to write the PNGs")
+    parser.add_argument("--steps", type=int, default=20_000)
+    for shot in screenshots(parser.parse_args().screenshots, parser.parse_args().steps):
+        print(shot)

@@ -43,6 +43,7 @@
   let urlTimer = null;
   let firstData = 0; // when the first run shown at opening got its history (0: none yet)
   let opened = false; // every run shown at opening has its history (or the hold ran out)
+  let scrolledToExpanded = false;
 
   function colorOf(name) {
     if (!state.colors.has(name)) state.colors.set(name, PALETTE[nextColor++ % PALETTE.length]);
@@ -166,6 +167,11 @@
 
   function afterDraw() {
     if (table) table.refresh();
+    // A chart expanded in the URL's view is where the reader is meant to look.
+    if (state.view.expanded && !scrolledToExpanded && board.panels.has(state.view.expanded)) {
+      scrolledToExpanded = true;
+      board.panels.get(state.view.expanded).card.scrollIntoView({ block: "start" });
+    }
     banner.render(loadedRuns());
     $("#empty").hidden = entries().some((e) => e.run.fields().length > 0);
     // A zoom from the URL is applied once the runs shown at opening have their data.
