@@ -163,6 +163,20 @@ def test_every_run_shown_on_open_and_selection_kept_in_the_url(logdir: Path, pag
     assert page.errors == []
 
 
+def test_an_empty_log_root_then_a_run_appearing_is_shown_by_default(logdir: Path, page: Page) -> None:
+    with start_server(logdir, "127.0.0.1", port=0) as server:
+        page.page.goto(server.url)
+        page.wait("window.gradmon && window.gradmon.state.connection === 'connected'")
+        page.wait("document.querySelector('#runs-table').textContent.includes('No runs under the log')")
+        page.settled()  # nothing to wait for: no redraw loop
+        append(logdir / "late" / "metrics.jsonl", [header()] + [step(s) for s in range(1, 6)])
+        page.wait("window.gradmon.pointCount('late', 'loss') === 5")  # discovered within ~1 s, shown
+        assert page.eval("window.gradmon.selected()") == ["late"]
+        page.settled()
+        assert "loss" in page.eval("window.gradmon.panels()")
+    assert page.errors == []
+
+
 def test_token_reconnect_and_reset(logdir: Path, page: Page) -> None:
     log = logdir / "exp" / "metrics.jsonl"
     append(log, [header()] + [step(s) for s in range(1, 11)])

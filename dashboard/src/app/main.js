@@ -44,6 +44,7 @@
   let firstData = 0; // when the first run shown at opening got its history (0: none yet)
   let opened = false; // every run shown at opening has its history (or the hold ran out)
   let scrolledToExpanded = false;
+  let listed = false; // the server's run list has arrived (or failed)
 
   function colorOf(name) {
     if (!state.colors.has(name)) state.colors.set(name, PALETTE[nextColor++ % PALETTE.length]);
@@ -92,6 +93,7 @@
   // ---------------------------------------------------------------- runs and selection
 
   function setRunsInfo(list) {
+    listed = true;
     const old = state.runsInfo;
     state.runsInfo = new Map();
     for (const r of list || []) state.runsInfo.set(r.name, r);
@@ -143,9 +145,10 @@
    */
   function holdMs() {
     if (opened || state.mode !== "live") return 0;
+    if (!listed) return 50; // the runs are not even listed yet
     const loaded = loadedRuns();
     const waiting = state.selected.filter((n) => state.runsInfo.has(n) && !loaded.includes(n));
-    if (!waiting.length && state.selected.length) {
+    if (!waiting.length) {
       opened = true;
       return 0;
     }
@@ -318,7 +321,10 @@
       fullResMax: fullResParam,
       changed,
       setRunsInfo,
-      notice: setNotice,
+      notice(text, isError) {
+        listed = true; // (a failed run list must not hold the first draw)
+        setNotice(text, isError);
+      },
       historyPoints,
       smoothing: () => state.view.smoothing,
       xMode: () => state.view.xMode,
