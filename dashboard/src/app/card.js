@@ -101,7 +101,9 @@
       this.chart = echarts.init(this.el, dark ? "dark" : null, { renderer: "canvas" });
       this.chart.setOption(this._baseOption(theme));
       // Drag a box to zoom: the toolbox's zoom select, always on (the toolbox itself is invisible).
-      this.chart.dispatchAction({ type: "takeGlobalCursor", key: "dataZoomSelect", dataZoomSelectActive: true });
+      // Not on touch screens, where a swipe over a chart must scroll the page (pinch and the slider zoom).
+      const touch = root.matchMedia && root.matchMedia("(pointer: coarse)").matches;
+      if (!touch) this.chart.dispatchAction({ type: "takeGlobalCursor", key: "dataZoomSelect", dataZoomSelectActive: true });
       this.chart.on("datazoom", (ev) => this.hooks.onZoom(this, ev));
       this.chart.getZr().on("dblclick", () => this.hooks.onResetZoom());
     }

@@ -43,7 +43,7 @@
   let urlTimer = null;
   let firstData = 0; // when the first run shown at opening got its history (0: none yet)
   let opened = false; // every run shown at opening has its history (or the hold ran out)
-  let scrolledToExpanded = false;
+  let scrolledToExpanded = !initial.expanded; // only a view opened from a URL scrolls to its expanded chart
   let listed = false; // the server's run list has arrived (or failed)
 
   function colorOf(name) {
