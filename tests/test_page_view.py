@@ -183,3 +183,22 @@ def test_phone_width_has_no_horizontal_overflow_and_dark_mode_follows_the_system
         assert phone.errors == []
     finally:
         phone.close()
+
+
+def test_many_runs_the_newest_ten_are_shown_with_a_note(logdir: Path, page: Page) -> None:
+    for k in range(12):
+        recs = [header(t0=T0 + k)] + [step(s, t0=T0 + k) for s in (1, 2, 3)]
+        append(logdir / f"r{k:02d}" / "metrics.jsonl", recs)
+    with start_server(logdir, "127.0.0.1", port=0) as server:
+        page.page.goto(server.url)
+        page.ready(10)
+        assert page.eval("window.gradmon.selected()") == [f"r{k:02d}" for k in range(11, 1, -1)]
+        note = page.page.locator(".runs-note")
+        assert note.is_visible()
+        assert note.inner_text() == "Showing the 10 newest of 12 runs: tick others to add them."
+        page.page.locator("#runs-table tr[data-run='r00'] input[type=checkbox]").check()
+        page.wait("window.gradmon.selected().length === 11 && window.gradmon.pointCount('r00', 'loss') === 3")
+        assert note.is_hidden()  # an explicit choice: no note
+        colours = page.eval("window.gradmon.selected().map(n => window.gradmon.state.colors.get(n))")
+        assert len(set(colours[:10])) == 10
+    assert page.errors == []

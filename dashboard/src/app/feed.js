@@ -77,7 +77,8 @@
           this.state.fetches++;
           const resp = await this.client.history(name, { points: this._points(name) });
           if (this.state.runs.get(name) !== run) return; // unfollowed meanwhile
-          run.cap = Math.max(L.DEFAULT_CAP, resp.exact ? FULL_RES_MAX : 0);
+          // Held at full resolution (every step kept as it streams in) only for exact smoothing.
+          run.cap = resp.exact && this.wantsFullResolution(name) ? this.fullResMax : L.DEFAULT_CAP;
           run.loadHistory(resp, this.state.runsInfo.get(name));
           this.zoomKeys.delete(name);
           cursor = resp.cursor || null;
