@@ -99,13 +99,21 @@
     /** Create the ECharts instance (once the card is in the document, so it has a size). */
     init(theme, dark) {
       this.chart = echarts.init(this.el, dark ? "dark" : null, { renderer: "canvas" });
-      this.chart.setOption(this._baseOption(theme));
-      // Drag a box to zoom: the toolbox's zoom select, always on (the toolbox itself is invisible).
-      // Not on touch screens, where a swipe over a chart must scroll the page (pinch and the slider zoom).
-      const touch = root.matchMedia && root.matchMedia("(pointer: coarse)").matches;
-      if (!touch) this.chart.dispatchAction({ type: "takeGlobalCursor", key: "dataZoomSelect", dataZoomSelectActive: true });
+      // Lazy: the first render (with the series) draws it once, not twice.
+      this.chart.setOption(this._baseOption(theme), { lazyUpdate: true });
       this.chart.on("datazoom", (ev) => this.hooks.onZoom(this, ev));
       this.chart.getZr().on("dblclick", () => this.hooks.onResetZoom());
+      // Drag a box to zoom: the toolbox's zoom select, always on (the toolbox itself is invisible),
+      // switched on when a pointer first comes over the chart (it costs a redraw). Not on touch
+      // screens, where a swipe over a chart must scroll the page (pinch and the slider zoom).
+      const touch = root.matchMedia && root.matchMedia("(pointer: coarse)").matches;
+      if (touch) return;
+      const chart = this.chart;
+      const arm = () => {
+        this.el.removeEventListener("pointerenter", arm);
+        if (this.chart === chart) chart.dispatchAction({ type: "takeGlobalCursor", key: "dataZoomSelect", dataZoomSelectActive: true });
+      };
+      this.el.addEventListener("pointerenter", arm);
     }
 
     dispose() {

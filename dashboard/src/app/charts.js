@@ -90,7 +90,9 @@
       const extent = this._extent(entries, settings.xMode);
       const extentChanged = !this.extent || extent.min !== this.extent.min || extent.max !== this.extent.max;
       this.extent = extent;
-      const maxPoints = Math.round(2 * this.chartWidth());
+      // About two points per pixel for one run; one per run when several share the chart (the
+      // min/max decimation keeps every spike and non-finite point either way).
+      const maxPoints = Math.round((entries.length > 1 ? 1 : 2) * this.chartWidth());
       const versions = entries.map((e) => e.run.name + ":" + e.run.version + ":" + e.color).join(",");
       for (const card of this.panels.values()) {
         const pv = this.app.panelView(card.panel.id);
