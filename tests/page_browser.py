@@ -37,10 +37,11 @@ start_server = pytest.importorskip("gradmon.server.app").start_server
 
 
 def stale_build() -> list[str]:
-    """Sources of the page that differ from their copy in gradmon/static (edited, not rebuilt)."""
+    """Sources of the page that differ from their copy in gradmon/static (edited, not rebuilt):
+    index.html at the top, the assets in static/ (where index.html's relative URLs find them)."""
     src = ROOT / "dashboard" / "src"
     files = [*src.glob("*.html"), *src.glob("*.css"), *src.glob("*/*.js")]
-    out = {f.name: STATIC / f.name for f in files}
+    out = {f.name: STATIC / ("" if f.suffix == ".html" else "static") / f.name for f in files}
     return [f.name for f in files if not out[f.name].exists() or out[f.name].read_bytes() != f.read_bytes()]
 
 

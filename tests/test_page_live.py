@@ -14,10 +14,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.page_browser import T0, Page, append, browser, header, logdir, page, start_server, step
+from tests.page_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    T0,
+    Page,
+    append,
+    browser,
+    header,
+    logdir,
+    page,
+    start_server,
+    step,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
-__all__ = ["browser", "logdir", "page"]  # fixtures, imported for pytest
+# fixtures imported for pytest, and the names tests/browser_helpers.py takes from this module
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "Page", "browser", "logdir", "page"]
 
 
 def alarm(s: int, reason: str, value: object, **extra: object) -> dict:

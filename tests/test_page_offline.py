@@ -69,7 +69,7 @@ def test_static_export_opens_from_disk_with_its_runs_and_view(tmp_path: Path, br
     shutil.copytree(STATIC, out)
     data = {"runs": [{"name": "exp1", "jsonl": _run_text(300, "finished", 3e-4, T0)},
                      {"name": "sweep/exp2", "jsonl": _run_text(200, "aborted", 1e-3, T0 + 500)}],
-            "created": T0 + 1000, "view": "?smooth=0.5&hide=lr&zoom=10,150"}
+            "created": T0 + 1000, "view": "smooth=0.5&hide=lr&zoom=10,150"}  # as gradmon export writes it
     (out / "static").mkdir(exist_ok=True)
     (out / "static" / "export-data.js").write_text("window.GRADMON_EXPORT = " + json.dumps(data) + ";\n")
     index = out / "index.html"
@@ -82,7 +82,7 @@ def test_static_export_opens_from_disk_with_its_runs_and_view(tmp_path: Path, br
         p.page.goto(index.as_uri())
         p.ready(2)
         g = "window.gradmon"
-        assert p.eval(f"{g}.state.mode") == "export"
+        assert p.eval(f"{g}.state.mode") == "offline" and p.eval(f"{g}.state.exported") is True
         assert p.page.locator("#conn").inner_text() == "static export"
         assert p.eval(f"{g}.selected()") == ["sweep/exp2", "exp1"]
         assert p.eval(f"{g}.pointCount('exp1', 'loss')") == 300

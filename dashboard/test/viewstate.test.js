@@ -73,3 +73,10 @@ test("per-chart changes: scale, outliers, hidden, expanded (one at a time) and b
   changePanel(v, "lr", "hidden", false);
   assert.equal(formatView(v, []), "");
 });
+
+test("runs=a,b is read as a shorthand for run=a&run=b (and written in the long form)", () => {
+  const { view } = parseView("runs=exp1,sweep/b");
+  assert.deepEqual(view.runs, ["exp1", "sweep/b"]);
+  assert.equal(formatView(view, []), "?run=exp1&run=sweep/b");
+  assert.deepEqual(parseView("?run=x&runs=y").view.runs, ["x"]);
+});

@@ -20,7 +20,9 @@
   const fullResParam = param("fullres"); // records up to which a run is held at full resolution (default 100000)
 
   const state = {
-    mode: exportData ? "export" : location.protocol === "file:" ? "offline" : "live",
+    // "offline": no server (opened from disk, or a static export: then `exported`)
+    mode: exportData || location.protocol === "file:" ? "offline" : "live",
+    exported: !!exportData,
     connection: exportData ? "export" : location.protocol === "file:" ? "offline" : "connecting",
     runsInfo: new Map(), // name -> info from the server ({status, records, last_step, first_ts, header, ...}) or a replay
     runs: new Map(), // name -> RunData of the runs followed (selected) and replays
@@ -357,7 +359,7 @@
     renderConnection();
     table.render();
     changed();
-    if (state.mode === "export") return loadExport();
+    if (state.exported) return loadExport();
     if (state.mode === "offline") {
       $("#empty").textContent = "Offline: no server. Drop a metrics.jsonl here, or choose one with “Open file…”.";
       return;

@@ -1,6 +1,7 @@
 /* The view state in the page URL's query string: parse and format, pure.
  *
- * ?run=a&run=b        runs shown (absent: every run, up to the cap; `run=` alone: none)
+ * ?run=a&run=b        runs shown (absent: every run, up to the cap; `run=` alone: none); read
+ *                     also as ?runs=a,b (written as run=...)
  *  &filter=RE         run filter (regular expression on run names)
  *  &x=wall            x axis: step (default) | wall | relative
  *  &smooth=0.9        EMA weight in [0, 0.99]
@@ -21,7 +22,7 @@
 
   const X_MODES = ["step", "wall", "relative"];
   const MAX_SMOOTHING = 0.99;
-  const VIEW_KEYS = new Set(["run", "filter", "x", "smooth", "zoom", "log", "linear", "outliers", "hide", "expand"]);
+  const VIEW_KEYS = new Set(["run", "runs", "filter", "x", "smooth", "zoom", "log", "linear", "outliers", "hide", "expand"]);
 
   function defaultView() {
     return { runs: null, filter: "", xMode: "step", smoothing: 0, zoom: null, scale: {}, outliers: {}, hidden: [], expanded: null };
@@ -34,6 +35,7 @@
     const other = [];
     for (const [k, v] of q) if (!VIEW_KEYS.has(k)) other.push([k, v]);
     if (q.has("run")) view.runs = unique(q.getAll("run").filter((r) => r !== ""));
+    else if (q.has("runs")) view.runs = unique((q.get("runs") || "").split(",").filter((r) => r !== "")); // a shorthand
     view.filter = q.get("filter") || "";
     const x = q.get("x");
     if (X_MODES.includes(x)) view.xMode = x;
