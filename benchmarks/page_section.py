@@ -6,19 +6,31 @@ Playwright; no browser is ever downloaded).
   painted). ``first_contentful_paint_ms`` is the browser's own FCP of the page shell.
 - ``fps_streaming``: ``requestAnimationFrame`` callbacks per second while a live run grows at
   ``rate`` records/s; ``long_tasks`` counts main-thread tasks > 50 ms in that window.
+- The four-run set (``write_four_runs``: 4 runs x 20,000 steps, as in the issue's comparison with
+  TensorBoard and trackio; 2,000 with ``--smoke``), opened with one run (``?run=baseline``) and with
+  all four (the default view), alternately, a fresh browser context each time:
+  ``one_run_ready_ms`` / ``four_runs_ready_ms`` (median): navigation start -> every shown run's
+  history drawn, then two animation frames; ``one_run_heap_mb`` / ``four_runs_heap_mb`` (median):
+  the page's JS heap after a forced GC (CDP ``Runtime.getHeapUsage``, 1 MB = 10^6 bytes);
+  ``four_runs_history_kb``: the history responses' bodies.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import random
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 from benchmarks.runlogs import ensure_run_log, generate_run_log, step_record
-from benchmarks.server_section import serve, server_unavailable_reason
+from benchmarks.server_section import http_get, serve, server_unavailable_reason
+from gradmon.jsonl import encode_record
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -41,6 +53,126 @@ _START_COUNTING = """() => {
 _STOP_COUNTING = """() => { cancelAnimationFrame(window.__bench.raf);
   return {frames: window.__bench.frames, longTasks: window.__bench.longTasks,
           ms: performance.now() - window.__bench.t0}; }"""
+
+
+# ---------------------------------------------------------------------------- the four-run set
+
+FOUR_RUNS = ("baseline", "lr-3x", "spiky-nan", "diverged")
+_STEP_LINE = (
+    '{{"type":"step","step":{s},"epoch":{e},"ts":{ts:.3f},"loss":{loss:.6f},"grad_norm":{g:.6f},'
+    '"lr":{lr:.6g},"throughput":{tp:.1f},"step_time":{st:.5f},"data_time":{dt:.5f},"clip_coef":{c:.6f},'
+    '"zscore":{z:.3f}}}\n'
+)
+
+
+def _lr_at(step: int, peak: float, n: int, warmup: int = 1000) -> float:
+    """Linear warm-up to ``peak``, then cosine decay to a tenth of it."""
+    if step <= warmup:
+        return peak * step / warmup
+    t = (step - warmup) / max(1, n - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def _header(k: int, name: str, start: float, peak: float) -> dict[str, Any]:
+    config = {"model": "gpt-124M", "lr": peak, "batch_size": 256, "warmup": 1000, "schedule": "cosine",
+              "max_norm": 1.0, "seed": 1234 + k}
+    return {"type": "header", "schema": 1, "run_id": f"{k:02d}" * 8, "start_time": start, "host": "bench",
+            "pid": 100 + k, "versions": {"gradmon": "bench"}, "mode": "GRAPH", "device": "CPU",
+            "world_size": 1, "rank": 0, "max_norm": 1.0, "spike_mode": "clip", "log_interval": 100,
+            "batch_size": 256, "config": config}
+
+
+def _incidents(name: str, n: int) -> list[tuple[str, int, int, int, float, str]]:
+    """The alarms the writer logs for a run of the set: (reason, start, end, flagged, value, message)."""
+    burst, nan_step, diverge = int(0.6 * n), int(0.75 * n), int(0.45 * n)
+    if name == "spiky-nan":
+        return [("grad_norm_spike", burst, burst + 19, 20, 31.0, "norm 70x its running level"),
+                ("nonfinite", nan_step, nan_step, 1, math.nan, "non-finite loss and gradient norm")]
+    if name == "diverged":
+        return [("grad_norm_spike", diverge, n, n - diverge + 1, 3000.0, "norm 6000x its running level")]
+    return []
+
+
+def _step(name: str, s: int, n: int, rng: random.Random, peak: float, ts: float) -> tuple[str, str | None]:
+    """One step line of a run of the set, and the kind of flag it carries (None, "spike", "nonfinite")."""
+    burst, nan_step, diverge = int(0.6 * n), int(0.75 * n), int(0.45 * n)
+    fast = name == "lr-3x"
+    loss = 2.45 - 0.35 * fast + 7.5 * math.exp(-s / (400 if fast else 600)) + 0.4 * math.exp(-s / 8000)
+    loss += 0.05 * rng.gauss(0, 1)
+    norm = (0.55 if fast else 0.4) * (1 + 2.5 * math.exp(-s / 300)) * (1 + 0.12 * rng.gauss(0, 1))
+    tp = 1000 + 60 * rng.gauss(0, 1) - (700 if s % 1000 == 0 else 0)
+    flags: dict[str, Any] = {}
+    if name == "diverged" and s >= diverge:
+        norm = 250 + 3450 * rng.random() ** 3
+        loss = 10.4 + 0.03 * rng.gauss(0, 1) - 7.5 * math.exp(-(s - diverge) / 40)
+        if s - diverge < 40 and s % 2 == 0:
+            flags = {"spike": True, "clipped": True}
+    if name == "spiky-nan" and burst <= s < burst + 20:
+        norm = 20 + 15 * rng.random()
+        loss += 0.8
+        flags = {"spike": True, "clipped": True}
+    if name == "spiky-nan" and s == nan_step:
+        flags = {"loss": math.nan, "grad_norm": math.nan, "nonfinite": True, "skipped": True}
+    fields = {"s": s, "e": 1 + (s - 1) // 5000, "ts": ts, "loss": loss, "g": norm, "lr": _lr_at(s, peak, n),
+              "tp": tp, "st": 256 / tp, "dt": 0.002 + 0.001 * rng.random(), "c": min(1.0, 1.0 / norm),
+              "z": 0.0}
+    if not flags:
+        return _STEP_LINE.format(**fields), None
+    rec = {"type": "step", "step": s, "epoch": fields["e"], "ts": ts, "loss": loss, "grad_norm": norm,
+           "lr": fields["lr"], "throughput": tp, "step_time": fields["st"], "data_time": fields["dt"],
+           "clip_coef": fields["c"], "zscore": 9.0, **flags}
+    if "nonfinite" in flags:
+        rec["clip_coef"] = 0.0
+    return encode_record(rec), "nonfinite" if "nonfinite" in flags else "spike"
+
+
+def write_four_runs(root: str, n: int = 20_000, t0: float = 1.7e9,
+                    names: tuple[str, ...] = FOUR_RUNS) -> dict[str, dict[str, Any]]:
+    """Write the issue's comparison set under ``root``: ``baseline``, ``lr-3x`` (lr 1e-3 instead of
+    3e-4), ``spiky-nan`` (a 20-step grad-norm spike burst at 0.6 n and a NaN step at 0.75 n) and
+    ``diverged`` (norm 250–3,700 and loss ~10.4 from 0.45 n), ``n`` steps each, eval every 500 steps,
+    and the writer's alarm events (format.md). Deterministic (``names`` writes a subset). Returns per run:
+    ``{"path", "flagged": {"spike": [...], "skip": [...], "nonfinite": [...]}, "incidents": [...]}``.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for k, name in enumerate(FOUR_RUNS):
+        if name not in names:
+            continue
+        rng = random.Random(1234 + k)
+        peak = 1e-3 if name == "lr-3x" else 3e-4
+        start = t0 + 60 * k
+        flagged: dict[str, list[int]] = {"spike": [], "skip": [], "nonfinite": []}
+        incidents = _incidents(name, n)
+        lines = [encode_record(_header(k, name, start, peak))]
+        for s in range(1, n + 1):
+            ts = start + 0.25 * s
+            line, flag = _step(name, s, n, rng, peak, ts)
+            lines.append(line)
+            if flag == "spike":
+                flagged["spike"].append(s)
+            elif flag == "nonfinite":
+                flagged["skip"].append(s)
+                flagged["nonfinite"].append(s)
+            if s % 500 == 0:
+                diverged = name == "diverged" and s > int(0.45 * n) + 200
+                ev_loss = 10.5 if diverged else 2.6 + 7.5 * math.exp(-s / 600)
+                lines.append(encode_record({"type": "eval", "step": s, "ts": ts, "loss": ev_loss}))
+            for reason, a, b, count, value, why in incidents:
+                if s == a:
+                    lines.append(encode_record({"type": "event", "kind": "alarm", "step": a, "ts": ts,
+                                                "reason": reason, "field": "grad_norm", "value": value,
+                                                "baseline": 0.42, "message": why}))
+                if s == b:
+                    lines.append(encode_record({"type": "event", "kind": "alarm_end", "step": b, "ts": ts,
+                                                "start": a, "flagged": count, "message": "incident closed"}))
+        lines.append(encode_record({"type": "end", "ts": start + 0.25 * n, "status": "finished", "steps": n,
+                                    "dropped_records": 0}))
+        path = os.path.join(root, name, "metrics.jsonl")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("".join(lines))
+        out[name] = {"path": path, "flagged": flagged, "incidents": [i[:4] for i in incidents]}
+    return out
 
 
 def page_unavailable_reason() -> str | None:
@@ -77,6 +209,75 @@ def _first_paint(browser: Any, url: str, timeout_ms: float) -> dict[str, Any]:
         }
     finally:
         page.close()
+
+
+# Resolves when every shown run's data is drawn: with the page's `loaded()` (all histories in, no
+# redraw pending); on a page without it (an older build), when a draw follows the data's arrival.
+_READY = """([n, timeoutMs]) => new Promise((resolve, reject) => {
+  const t0 = performance.now();
+  let before = null, atData = null;
+  const tick = () => {
+    const g = window.gradmon;
+    if (performance.now() - t0 > timeoutMs) return reject(new Error('page not ready'));
+    if (g && g.selected().length >= n && g.selected().every(r => g.pointCount(r, 'loss') > 0)) {
+      const done = g.loaded
+        ? g.loaded().length >= n && !g.board.dirty && !g.board.frame && g.renderCount() > 0
+        : (atData = atData === null ? before : atData, g.renderCount() > atData);
+      if (done) return requestAnimationFrame(() => requestAnimationFrame(() => resolve(performance.now())));
+    } else if (g) before = g.renderCount();
+    requestAnimationFrame(tick);
+  };
+  tick();
+})"""
+
+
+def _history_bytes(page: Any) -> int:
+    return int(page.evaluate("""() => performance.getEntriesByType('resource')
+        .filter(e => e.name.includes('/history')).reduce((a, e) => a + e.encodedBodySize, 0)"""))
+
+
+def load_page(browser: Any, url: str, runs: int, timeout_ms: float = 120_000) -> dict[str, float]:
+    """Open ``url`` in a fresh context; time until ``runs`` runs are drawn; the JS heap after a GC."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        page = ctx.new_page()
+        page.goto(url, wait_until="commit", timeout=timeout_ms)
+        ready = page.evaluate(_READY, [runs, timeout_ms])
+        cdp = ctx.new_cdp_session(page)
+        cdp.send("HeapProfiler.collectGarbage")
+        heap = cdp.send("Runtime.getHeapUsage")["usedSize"]
+        return {"ready_ms": ready, "heap_mb": heap / 1e6, "history_bytes": _history_bytes(page)}
+    finally:
+        ctx.close()
+
+
+def measure_four_runs(browser: Any, url: str, rounds: int) -> dict[str, Any]:
+    """One run and four runs, alternately (so machine load hits both alike); medians."""
+    got: dict[str, list[dict[str, float]]] = {"one": [], "four": []}
+    for r in range(rounds):
+        for case in (("one", "four") if r % 2 == 0 else ("four", "one")):
+            got[case].append(load_page(browser, url + ("/?run=baseline" if case == "one" else "/"),
+                                       1 if case == "one" else 4))
+    med = lambda case, k: statistics.median(x[k] for x in got[case])  # noqa: E731
+    return {
+        "one_run_ready_ms": med("one", "ready_ms"),
+        "four_runs_ready_ms": med("four", "ready_ms"),
+        "one_run_heap_mb": med("one", "heap_mb"),
+        "four_runs_heap_mb": med("four", "heap_mb"),
+        "four_runs_history_kb": med("four", "history_bytes") / 1e3,
+        "four_runs_rounds": rounds,
+    }
+
+
+def _wait_indexed(url: str, runs: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = json.loads(http_get(url + "/api/runs")[1])["runs"]
+        if len(listed) >= runs and not any(r.get("indexing") for r in listed):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("the four runs were not indexed in time")
+        time.sleep(0.1)
 
 
 def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: str) -> dict[str, Any]:
@@ -127,10 +328,73 @@ def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: s
                     page.close()
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
+            n_four = 2_000 if smoke else 20_000
+            four = os.path.join(out_dir, "bigruns", f"four-{n_four}")
+            if not os.path.exists(os.path.join(four, "diverged", "metrics.jsonl")):
+                write_four_runs(four, n_four)
+            log(f"page: load time and JS heap, 1 and 4 runs x {n_four:,} steps")
+            with serve(four, os.path.join(out_dir, "server-page-four.log")) as srv:
+                _wait_indexed(srv["url"], 4)
+                result["four_runs_steps"] = n_four
+                result.update(measure_four_runs(browser, srv["url"], 1 if smoke else 5))
         finally:
             browser.close()
+    nan = float("nan")
     log(
-        f"  chart ready {result.get('chart_ready_ms', float('nan')):.0f} ms, "
-        f"{result.get('fps_streaming', float('nan')):.0f} fps while streaming"
+        f"  chart ready {result.get('chart_ready_ms', nan):.0f} ms, "
+        f"{result.get('fps_streaming', nan):.0f} fps while streaming; "
+        f"1 run {result.get('one_run_ready_ms', nan):.0f} ms / {result.get('one_run_heap_mb', nan):.1f} MB, "
+        f"4 runs {result.get('four_runs_ready_ms', nan):.0f} ms / "
+        f"{result.get('four_runs_heap_mb', nan):.1f} MB"
     )
     return result
+
+
+# ---------------------------------------------------------------------------- screenshots
+
+SHOTS = {
+    # name: (query, viewport, colour scheme, full page)
+    "dashboard": ("", (1400, 900), "light", False),
+    "dashboard-smoothed-zoom": ("?smooth=0.9&zoom=11500,13000", (1400, 900), "light", False),
+    "dashboard-expanded": ("?run=spiky-nan&run=baseline&expand=grad_norm&zoom=11000,16000", (1400, 900),
+                           "light", False),
+    "dashboard-phone-dark": ("", (390, 844), "dark", False),
+}
+
+
+def screenshots(out_dir: str, n: int = 20_000) -> list[str]:
+    """The docs' pictures of the page on the four-run set: ``python -m benchmarks.page_section
+    --screenshots docs/img``."""
+    from playwright.sync_api import sync_playwright
+
+    written = []
+    with tempfile.TemporaryDirectory(prefix="gradmon-shots-") as root:
+        write_four_runs(root, n)
+        with sync_playwright() as p, serve(root, os.path.join(root, "server.log")) as srv:
+            _wait_indexed(srv["url"], 4)
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                for name, (query, (w, h), scheme, full) in SHOTS.items():
+                    ctx = browser.new_context(viewport={"width": w, "height": h}, color_scheme=scheme)
+                    page = ctx.new_page()
+                    page.goto(srv["url"] + "/" + query, wait_until="commit")
+                    page.evaluate(_READY, [query.count("run=") or 4, 120_000])
+                    page.evaluate("""() => new Promise(r => { const t = () => (window.gradmon.board.dirty
+                        || window.gradmon.board.frame) ? setTimeout(t, 50) : setTimeout(r, 400); t(); })""")
+                    path = os.path.join(out_dir, name + ".png")
+                    page.screenshot(path=path, full_page=full)
+                    written.append(path)
+                    ctx.close()
+            finally:
+                browser.close()
+    return written
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Screenshots of the page on the four-run set (docs/img).")
+    parser.add_argument("--screenshots", metavar="DIR", required=True, help="where to write the PNGs")
+    parser.add_argument("--steps", type=int, default=20_000)
+    for shot in screenshots(parser.parse_args().screenshots, parser.parse_args().steps):
+        print(shot)

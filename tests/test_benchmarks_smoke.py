@@ -149,6 +149,8 @@ def test_smoke_run_writes_every_section(tmp_path):
     if "skipped" not in sections["page"]:
         assert _finite_positive(sections["page"].get("chart_ready_ms"))
         assert _finite_positive(sections["page"].get("fps_streaming"))
+        for key in ("one_run_ready_ms", "four_runs_ready_ms", "one_run_heap_mb", "four_runs_heap_mb"):
+            assert _finite_positive(sections["page"].get(key)), key
 
     md = mds[0].read_text()
     assert "SMOKE RUN" in md and "## Step overhead" in md and "stock_clip" in md

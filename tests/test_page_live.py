@@ -1,214 +1,108 @@
-"""Browser end-to-end tests of the dashboard page (dashboard/) against a live `gradmon serve`.
+"""Browser end-to-end tests of the page against a live `gradmon serve`: history then live records,
+zoom at full resolution, reconnects and resets, a resumed run rolled back while followed, alarms and
+their notifications, system metrics and the layers table.
 
 Real parts only: the server from ``gradmon.server.app.start_server`` on a temporary log root, run
 logs appended line by line with the shared codec while the page is open, and Debian's Chromium
-driven by Playwright. The page exposes its state on ``window.gradmon`` (point counts per series,
-rendered markers, banner spikes); assertions wait on conditions with deadlines, never on sleeps.
+driven by Playwright. The page exposes its state on ``window.gradmon``; assertions wait on
+conditions with deadlines, never on sleeps.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import shutil
-import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gradmon.jsonl import encode_record
+from tests.page_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    T0,
+    Page,
+    append,
+    browser,
+    header,
+    logdir,
+    page,
+    start_server,
+    step,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
-
-ROOT = Path(__file__).resolve().parent.parent
-STATIC = ROOT / "gradmon" / "static"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-T0 = 1_764_486_000.0
-SHOTS = Path(os.environ.get("GRADMON_SCREENSHOTS", tempfile.gettempdir())) / "gradmon-page-shots"
-
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is not installed (make browser)", allow_module_level=True)
-if not (STATIC / "index.html").exists():
-    pytest.skip("gradmon/static is not built (make dashboard)", allow_module_level=True)
-
-sync_api = pytest.importorskip("playwright.sync_api")
+# fixtures imported for pytest, and the names tests/browser_helpers.py takes from this module
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "Page", "browser", "logdir", "page"]
 
 
-def _stale_build() -> list[str]:
-    """Sources of the page that differ from their copy in gradmon/static (edited, not rebuilt)."""
-    src = ROOT / "dashboard" / "src"
-    files = [*src.glob("*.html"), *src.glob("*.css"), *src.glob("*/*.js")]
-    out = {f.name: STATIC / ("" if f.suffix == ".html" else "static") / f.name for f in files}
-    return [f.name for f in files if not out[f.name].exists() or out[f.name].read_bytes() != f.read_bytes()]
+def alarm(s: int, reason: str, value: object, **extra: object) -> dict:
+    return {"type": "event", "kind": "alarm", "step": s, "ts": T0 + 0.1 * s, "reason": reason,
+            "field": "grad_norm", "value": value, "baseline": 1.0, "message": f"{reason} at {s}", **extra}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def built_page_is_current() -> None:
-    stale = _stale_build()
-    if stale:
-        pytest.fail(f"gradmon/static is older than dashboard/src ({', '.join(stale)}): run make dashboard")
-start_server = pytest.importorskip("gradmon.server.app").start_server
+def alarm_end(s: int, start: int, flagged: int) -> dict:
+    return {"type": "event", "kind": "alarm_end", "step": s, "ts": T0 + 0.1 * s, "start": start,
+            "flagged": flagged, "message": "closed"}
 
 
-# ---------------------------------------------------------------------------- run logs
-
-
-def header(max_norm: float | None = 1.0, t0: float = T0) -> dict:
-    return {"type": "header", "schema": 1, "run_id": "0f" * 8, "start_time": t0, "host": "test", "pid": 1,
-            "versions": {"gradmon": "0.1.0"}, "mode": "GRAPH", "device": "CPU", "world_size": 1, "rank": 0,
-            "config": {"lr": 1e-3}, "max_norm": max_norm, "spike_mode": "detect", "log_interval": 1}
-
-
-def step(s: int, t0: float = T0, **fields: object) -> dict:
-    rec = {"type": "step", "step": s, "epoch": 1, "ts": t0 + 0.1 * s, "loss": 2.0 / (1 + 0.01 * s),
-           "grad_norm": 1.0 + 0.05 * math.sin(s), "lr": 1e-3, "throughput": 5000.0 + s % 7,
-           "step_time": 0.01}
-    rec.update(fields)
-    return rec
-
-
-def append(path: Path, records: list) -> None:
-    """Append records as complete lines, one write, flushed (as the run-log writer does)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write("".join(encode_record(r) for r in records))
-        f.flush()
-
-
-# ---------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-class Page:
-    """A page with its console errors and page errors collected."""
-
-    def __init__(self, browser: object, viewport: tuple[int, int] = (1300, 900)) -> None:
-        self.context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
-        self.page = self.context.new_page()
-        self.errors: list[str] = []
-        self.requests: list[str] = []
-        self.page.on("console", self._console)
-        self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
-        self.page.on("request", lambda r: self.requests.append(r.url))
-
-    def wait(self, js: str, timeout: float = 15.0) -> object:
-        """Poll the expression ``js`` until it is truthy; return its value. (Playwright's
-        wait_for_function evaluates strings with eval, which the page's CSP rightly forbids.)"""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = self.page.evaluate(js)
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for: {js}")
-            self.page.wait_for_timeout(50)
-
-    def _console(self, msg: object) -> None:
-        if msg.type == "error":
-            self.errors.append(f"console.error: {msg.text}")
-
-    def eval(self, js: str, arg: object = None) -> object:
-        return self.page.evaluate(js, arg)
-
-    def shot(self, name: str) -> Path:
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        path = SHOTS / f"{name}.png"
-        self.page.screenshot(path=str(path), full_page=True)
-        return path
-
-    def close(self) -> None:
-        self.context.close()
-
-
-@pytest.fixture
-def logdir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="gradmon-page-"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def page(browser: object) -> Iterator[Page]:
-    p = Page(browser)
-    yield p
-    p.close()
-
-
-def point_count(p: Page, run: str, field: str) -> int:
-    return p.eval("([r, f]) => window.gradmon.pointCount(r, f)", [run, field])
-
-
-# ---------------------------------------------------------------------------- tests
-
-
-def test_history_then_live_points_nan_marker_and_spike_banner(logdir: Path, page: Page) -> None:
+def test_history_then_live_points_marks_and_alarm_banner(logdir: Path, page: Page) -> None:
     log = logdir / "exp001" / "metrics.jsonl"
+    nan_step = step(31, loss="NaN", grad_norm="Infinity", nonfinite=True, skipped=True)
     append(log, [header(max_norm=2.0)] + [step(s) for s in range(1, 31)]
-           + [step(31, loss="NaN", grad_norm="Infinity", nonfinite=True, skipped=True)]
-           + [step(s) for s in range(32, 41)])
+           + [nan_step, alarm(31, "nonfinite", "Infinity")] + [step(s) for s in range(32, 41)])
     with start_server(logdir, "127.0.0.1", port=0) as server:
         page.page.goto(server.url)
         page.wait("window.gradmon && window.gradmon.pointCount('exp001', 'loss') === 40")
-        assert page.eval("window.gradmon.selected()") == ["exp001"]  # the only (newest) run, by default
+        assert page.eval("window.gradmon.selected()") == ["exp001"]
         page.wait("window.gradmon.state.connection === 'connected'")
         assert page.page.locator("#conn").inner_text() == "live"
-        # History drew the charts, with the NaN/Infinity step as a red marker, not a gap or a drop.
         panels = page.wait("window.gradmon.panels().length >= 5 && window.gradmon.panels()")
         assert panels[:2] == ["loss", "grad_norm"]
         assert {"lr", "throughput", "step_time"} <= set(panels)
+        assert page.eval("window.gradmon.sections()") == ["train", "system"]
+        # The NaN/Infinity step is a red marker on both charts, not a gap or a drop.
         loss_marks = page.wait("window.gradmon.markers('loss').filter(m => m.role === 'nonfinite')")
         assert [(m["step"], m["label"]) for m in loss_marks] == [(31, "NaN")]
         norm_marks = page.eval("window.gradmon.markers('grad_norm').filter(m => m.role === 'nonfinite')")
         assert [(m["step"], m["label"]) for m in norm_marks] == [(31, "Infinity")]
-        assert page.page.locator("#banner").inner_text().count("step 31") == 1
+        # The banner shows the writer's alarm: one line, ongoing (no end yet); the skip flag is a mark only.
+        line = page.page.locator("#banner button.incident")
+        page.wait("document.querySelectorAll('#banner button.incident').length === 1")
+        assert "non-finite value · since step 31 · ongoing" in line.inner_text()
+        assert page.eval("window.gradmon.marks('exp001', 'skip')") == [31]  # drawn as the step's triangle
 
-        # Live: records appended while the page is open stream in over the WebSocket.
+        # Live: records appended while the page is open stream in; the incident closes.
+        append(log, [alarm_end(31, 31, 1)])
         for lo in (41, 51, 61):
             batch = [step(s) for s in range(lo, lo + 10)]
             if lo == 61:
-                batch[4] = step(65, grad_norm=40.0, spike=True, zscore=9.5)
+                batch[4] = step(65, grad_norm=40.0, spike=True, zscore=9.5)  # a detector flag, no alarm
             append(log, batch)
             page.wait(f"window.gradmon.pointCount('exp001', 'grad_norm') === {lo + 9}")
         assert page.eval("window.gradmon.lastStep('exp001')") == 70
-        # no duplicate and no gap between history and live: every step exactly once
         steps = page.eval("window.gradmon.state.runs.get('exp001').series.get('loss').steps")
-        assert steps == list(range(1, 71))
+        assert steps == list(range(1, 71))  # no duplicate and no gap between history and live
         assert page.eval("window.gradmon.state.liveRecords") >= 30
+        page.wait("document.querySelector('#banner button.incident').textContent.includes('1 flagged step')")
+        assert "ongoing" not in line.inner_text()
 
-        # The spike: a red ring on the grad-norm chart and an item in the banner.
+        # The detector's spike: a red ring on the grad-norm chart, no banner line (it is not an alarm).
         page.wait("window.gradmon.markers('grad_norm').some(m => m.role === 'spike' && m.step === 65)")
         assert page.eval("window.gradmon.spikes()") == [{"run": "exp001", "step": 65, "value": 40}]
-        item = page.page.locator("#banner button.mark-spike")
-        assert item.count() == 1
-        assert "step 65" in item.inner_text()
-        # The clip threshold from the header is drawn on the grad-norm chart.
+        assert page.page.locator("#banner button.incident").count() == 1
         assert page.eval("""window.gradmon.board.panels.get('grad_norm').series
                              .find(s => s.id === 'exp001|grad_norm|raw').markLine.data[0].yAxis""") == 2.0
-        # The visible DOM: run listed as live, a canvas per chart.
-        row = page.page.locator("#runs li[data-run='exp001']")
+        row = page.page.locator("#runs-table tr[data-run='exp001']")
         assert "live" in row.inner_text()
         assert page.page.locator(".chart-card canvas").count() >= len(panels)
 
-        # Clicking the banner item zooms every chart around step 65.
-        item.click()
-        zoom = page.wait("(() => { const z = window.gradmon.zoom(); return z.end - z.start < 100 && z })()")
-        assert zoom["startValue"] <= 65 <= zoom["endValue"]
-        assert zoom["endValue"] - zoom["startValue"] < 70
-        page.shot("live-zoomed")
+        # Clicking the incident zooms every chart around step 31.
+        line.click()
+        zoomed = "(() => { const z = window.gradmon.zoom(); return z && z.end - z.start < 100 && z })()"
+        zoom = page.wait(zoomed)
+        assert zoom["startValue"] <= 31 <= zoom["endValue"]
+        page.wait("window.gradmon.view().zoom !== null")
         page.page.locator("#reset-zoom").click()
         page.wait("window.gradmon.zoom().start === 0 && window.gradmon.zoom().end === 100")
-        shot = page.shot("live")
-        assert shot.stat().st_size > 10_000
+        assert page.shot("live").stat().st_size > 10_000
         # nothing is loaded from anywhere but the server (no CDN)
         origin = server.url.split("?")[0].rstrip("/")
         assert page.requests and all(u.startswith((origin, "ws://127.0.0.1", "data:")) for u in page.requests)
@@ -224,6 +118,7 @@ def test_zoom_fetches_full_resolution_of_a_downsampled_run(logdir: Path, browser
     log = logdir / "long" / "metrics.jsonl"
     recs = [header()] + [step(s) for s in range(1, n + 1)]
     recs[3001] = step(3001, grad_norm=55.0, spike=True)
+    recs.insert(3002, alarm(3001, "grad_norm_spike", 55.0))
     append(log, recs)
     p = Page(browser, viewport=(1000, 800))
     try:
@@ -232,12 +127,11 @@ def test_zoom_fetches_full_resolution_of_a_downsampled_run(logdir: Path, browser
             p.wait("window.gradmon && window.gradmon.pointCount('long', 'loss') > 0")
             run = "window.gradmon.state.runs.get('long')"
             assert p.eval(f"{run}.exact") is False  # the server downsampled 6000 steps
-            base = p.eval("window.gradmon.pointCount('long', 'loss')")
-            assert base < n
-            # the spike survives downsampling (min/max buckets + marks)
+            assert p.eval("window.gradmon.pointCount('long', 'loss')") < n
+            # the flagged spike survives downsampling (min/max buckets + marks)
             assert p.eval(f"{run}.valueAt('grad_norm', 3001)") == {"step": 3001, "value": 55, "exact": True}
-            p.wait("document.querySelectorAll('#banner button.mark-spike').length === 1")
-            p.page.locator("#banner button.mark-spike").click()
+            p.wait("document.querySelectorAll('#banner button.incident').length === 1")
+            p.page.locator("#banner button.incident").click()
             detail = p.wait(f"{run}.detail && {run}.detail.exact && [{run}.detail.start, {run}.detail.end]")
             lo, hi = detail
             assert lo <= 3001 <= hi and hi - lo < 1000
@@ -249,34 +143,50 @@ def test_zoom_fetches_full_resolution_of_a_downsampled_run(logdir: Path, browser
         p.close()
 
 
-def test_overlay_runs_newest_selected_by_default(logdir: Path, page: Page) -> None:
+def test_every_run_shown_on_open_and_selection_kept_in_the_url(logdir: Path, page: Page) -> None:
     append(logdir / "sweep" / "old" / "metrics.jsonl", [header()] + [step(s, t0=T0) for s in range(1, 21)])
     later = T0 + 3600
     append(logdir / "new" / "metrics.jsonl", [header(t0=later)] + [step(s, t0=later) for s in range(1, 11)])
     with start_server(logdir, "127.0.0.1", port=0) as server:
         page.page.goto(server.url)
-        page.wait("window.gradmon && window.gradmon.pointCount('new', 'loss') === 10")
-        assert page.eval("window.gradmon.selected()") == ["new"]
-        assert page.eval("window.gradmon.pointCount('sweep/old', 'loss')") == 0
-        page.page.locator("#runs li[data-run='sweep/old'] input[type=checkbox]").check()
-        page.wait("window.gradmon.pointCount('sweep/old', 'loss') === 20")
+        page.ready(2)
+        assert page.eval("window.gradmon.selected()") == ["new", "sweep/old"]  # all, newest first
+        assert "?" not in page.page.url  # the default view keeps a plain URL
         ids = page.wait("""(() => { const p = window.gradmon.board.panels.get('loss');
                                     const s = p && p.series.filter(s => s.id.endsWith('|raw'));
                                     return s && s.length === 2 ? s.map(s => [s.id, s.color]) : null })()""")
         assert sorted(i for i, _ in ids) == ["new|loss|raw", "sweep/old|loss|raw"]
         assert ids[0][1] != ids[1][1]  # distinct colours
+        legend = page.page.locator(".chart-card[data-panel='loss'] .legend").inner_text()
+        assert "new" in legend and "sweep/old" in legend
+        # unticking a run writes the selection into the URL
+        page.page.locator("#runs-table tr[data-run='sweep/old'] input[type=checkbox]").uncheck()
+        page.wait("window.location.search === '?run=new'")
+        raw = "window.gradmon.board.panels.get('loss').series.filter(s => s.id.endsWith('|raw'))"
+        page.wait(f"{raw}.length === 1")
         # x by relative time: both runs start near 0 though they started an hour apart
+        page.page.locator("#runs-table tr[data-run='sweep/old'] input[type=checkbox]").check()
         page.page.select_option("#xmode", "relative")
         xs = page.wait("""(() => { const p = window.gradmon.board.panels.get('loss');
                                    const s = p.series.filter(s => s.id.endsWith('|raw'));
                                    return s.length === 2 && p.key.includes('relative')
                                           && s.map(s => s.data[0][0]) })()""")
         assert all(0 <= x < 1 for x in xs)
-        # smoothing adds a debiased curve per run
-        page.page.locator("#smoothing").fill("0.9")
-        smoothed = "window.gradmon.board.panels.get('loss').series.filter(s => s.id.endsWith('|smooth'))"
-        page.wait(f"{smoothed}.length === 2")
-        page.shot("overlay")
+        page.wait("window.location.search.includes('x=relative')")
+    assert page.errors == []
+
+
+def test_an_empty_log_root_then_a_run_appearing_is_shown_by_default(logdir: Path, page: Page) -> None:
+    with start_server(logdir, "127.0.0.1", port=0) as server:
+        page.page.goto(server.url)
+        page.wait("window.gradmon && window.gradmon.state.connection === 'connected'")
+        page.wait("document.querySelector('#runs-table').textContent.includes('No runs under the log')")
+        page.settled()  # nothing to wait for: no redraw loop
+        append(logdir / "late" / "metrics.jsonl", [header()] + [step(s) for s in range(1, 6)])
+        page.wait("window.gradmon.pointCount('late', 'loss') === 5")  # discovered within ~1 s, shown
+        assert page.eval("window.gradmon.selected()") == ["late"]
+        page.settled()
+        assert "loss" in page.eval("window.gradmon.panels()")
     assert page.errors == []
 
 
@@ -304,6 +214,7 @@ def test_token_reconnect_and_reset(logdir: Path, page: Page) -> None:
         append(log, [header()] + [step(s, loss=9.0) for s in range(1, 6)])
         page.wait("""window.gradmon.pointCount('exp', 'loss') === 5 &&
                      window.gradmon.state.runs.get('exp').valueAt('loss', 5).value === 9""")
+        assert "token=s3cret" in page.page.url  # the token stays in the URL with the view
     finally:
         server.stop()
     # Only the browser's own reports of the refused reconnect attempts are allowed.
@@ -312,36 +223,55 @@ def test_token_reconnect_and_reset(logdir: Path, page: Page) -> None:
     assert unexpected == []
 
 
-def test_offline_replay_from_disk(tmp_path: Path, page: Page) -> None:
-    log = tmp_path / "metrics.jsonl"
-    recs = [header()] + [step(s) for s in range(1, 101)]
-    recs[50] = step(50, loss="NaN", nonfinite=True)
-    lines = [encode_record(r) for r in recs]
-    lines.insert(10, "this is not json\n")
-    lines.insert(20, '{"type":"step","step":1000,"loss":NaN}\n')  # bare NaN: not JSON
-    log.write_text("".join(lines) + '{"type":"step","step":101,"lo', encoding="utf-8")  # partial last line
-    page.page.goto((STATIC / "index.html").as_uri())
-    page.wait("window.gradmon && window.gradmon.state.mode === 'offline'")
-    assert page.page.locator("#conn").inner_text() == "offline"
-    page.page.set_input_files("#file", str(log))
-    page.wait("window.gradmon.pointCount('replay: metrics.jsonl', 'loss') === 100")
-    notice = page.page.locator("#notice").inner_text()
-    assert "101 records" in notice and "skipped 3 malformed lines" in notice and "partial" in notice
-    marks = page.wait("window.gradmon.markers('loss').length ? window.gradmon.markers('loss') : null")
-    assert [(m["step"], m["label"]) for m in marks] == [(50, "NaN")]
-    page.wait("document.querySelectorAll('.chart-card canvas').length >= 5")
-    page.shot("offline")
-    # dropping a file onto the page replays it too
-    dropped = encode_record(step(1)) + encode_record(step(2, loss="Infinity"))
-    page.eval("""(text) => { const dt = new DataTransfer();
-        dt.items.add(new File([text], 'dropped.jsonl'));
-        window.dispatchEvent(new DragEvent('drop', {dataTransfer: dt, cancelable: true})); }""",
-              dropped)
-    page.wait("window.gradmon.pointCount('replay: dropped.jsonl', 'loss') === 2")
-    assert page.eval("window.gradmon.selected()") == ["replay: metrics.jsonl", "replay: dropped.jsonl"]
-    # offline: nothing but the page's own files was requested, no API and no WebSocket
-    assert page.requests and all(u.startswith("file://") or u.startswith("data:") for u in page.requests)
+def test_resumed_run_rolled_back_while_followed_shows_each_step_once(logdir: Path, page: Page) -> None:
+    log = logdir / "resumed" / "metrics.jsonl"
+    append(log, [header(run_id="aa" * 8)] + [step(s, lr=0.1) for s in range(1, 21)]
+           + [step(21, lr=0.1, spike=True, grad_norm=9.0)] + [step(s, lr=0.1) for s in range(22, 31)])
+    with start_server(logdir, "127.0.0.1", port=0) as server:
+        page.page.goto(server.url)
+        page.wait("window.gradmon && window.gradmon.pointCount('resumed', 'lr') === 30")
+        page.wait("window.gradmon.state.connection === 'connected'")
+        # rolled back to the step-10 checkpoint: a new segment whose steps go back
+        resumed = [step(s, t0=T0 + 100, lr=0.2) for s in range(11, 26)]
+        append(log, [header(run_id="bb" * 8, t0=T0 + 100), *resumed])
+        page.wait("window.gradmon.state.runs.get('resumed').valueAt('lr', 25).value === 0.2")
+        run = "window.gradmon.state.runs.get('resumed')"
+        # 26..30 of the old segment are gone, and so is its spike at 21
+        assert page.eval(f"{run}.series.get('lr').steps") == list(range(1, 26))
+        assert page.eval(f"{run}.series.get('lr').values") == [0.1] * 10 + [0.2] * 15
+        assert page.eval("window.gradmon.marks('resumed', 'spike')") == []
+        # a reload (history from the server) shows the same
+        page.page.reload()
+        page.wait("window.gradmon && window.gradmon.pointCount('resumed', 'lr') === 25")
+        assert page.eval(f"{run}.series.get('lr').values") == [0.1] * 10 + [0.2] * 15
     assert page.errors == []
+
+
+def test_alarm_notifications_are_opt_in_and_only_for_new_alarms(logdir: Path, browser: object) -> None:
+    log = logdir / "exp" / "metrics.jsonl"
+    append(log, [header(), *[step(s) for s in range(1, 11)], alarm(5, "loss_spike", 9.0), alarm_end(6, 5, 2)])
+    p = Page(browser)
+    try:
+        p.context.grant_permissions(["notifications"])
+        with start_server(logdir, "127.0.0.1", port=0) as server:
+            p.page.goto(server.url)
+            p.wait("window.gradmon && window.gradmon.incidents().length === 1")
+            p.wait("window.gradmon.state.connection === 'connected'")
+            button = p.page.locator("#notify")
+            assert button.inner_text() == "alerts: off"
+            append(log, [step(11), alarm(11, "grad_norm_spike", 50.0)])
+            p.wait("window.gradmon.incidents().length === 2")
+            assert p.eval("window.gradmon.notifications()") == []  # not asked for: nothing sent
+            button.click()
+            p.wait("document.querySelector('#notify').textContent === 'alerts: on'")
+            append(log, [step(12), {"type": "event", "kind": "abort", "step": 12, "ts": T0 + 1.2,
+                                     "message": "10 consecutive non-finite steps", "consecutive": 10}])
+            sent = p.wait("window.gradmon.notifications().length === 1 && window.gradmon.notifications()")
+            assert sent[0]["title"] == "gradmon · exp: training aborted"
+            assert "step 12" in sent[0]["body"] and "10 consecutive" in sent[0]["body"]
+        assert p.errors == []
+    finally:
+        p.close()
 
 
 def test_system_points_and_layers_of_a_run_written_before_the_page_opened(logdir: Path, page: Page) -> None:
@@ -369,6 +299,7 @@ def test_system_points_and_layers_of_a_run_written_before_the_page_opened(logdir
         panels = page.wait("window.gradmon.panels().includes('system/rss_bytes') && window.gradmon.panels()")
         assert {"system/cpu_percent", "system/process_cpu_percent", "system/host_mem_percent"} <= set(panels)
         # The byte axis is labelled in MB/GB, not raw counts.
+        page.show_chart("system/rss_bytes")
         labels = page.eval("""(() => { const c = window.gradmon.board.panels.get('system/rss_bytes').chart;
                                  const f = c.getOption().yAxis[0].axisLabel.formatter;
                                  return [f(1.1e9), f(1.05e9)]; })()""")
@@ -391,7 +322,6 @@ def test_system_points_and_layers_of_a_run_written_before_the_page_opened(logdir
         assert cpu_steps == [20, 40, 60, 80, 100, 120, 121]
         page.wait("document.querySelector('#layers .layers-card').dataset.step === '121'")
         assert "fc3.weight" in page.page.locator("#layers .layers-table").inner_text()
-        page.wait("window.gradmon.board.panels.get('system/rss_bytes').series.length > 0")
-        page.page.wait_for_timeout(300)  # the last throttled redraw, for the picture only (not asserted)
+        page.settled()
         assert page.shot("system-layers").stat().st_size > 10_000
     assert page.errors == []

@@ -1,8 +1,10 @@
 "use strict";
 const test = require("node:test");
 const assert = require("node:assert/strict");
-const { RunData } = require("../src/lib/series.js");
-const { panelsFor, buildSeries, formatValue } = require("../src/lib/chartopts.js");
+const { RunData } = require("../src/lib/rundata.js");
+const { buildSeries } = require("../src/lib/chartopts.js");
+const { panelsFor } = require("../src/lib/panels.js");
+const { formatValue } = require("../src/lib/format.js");
 
 function runWith(records, opts) {
   const run = new RunData("r", opts);
@@ -10,13 +12,6 @@ function runWith(records, opts) {
   for (const r of records) run.ingestRecord(Object.assign({ type: "step", ts: 100 + r.step }, r));
   return run;
 }
-
-test("panels: known fields first in a fixed order, then the rest, eval/system last", () => {
-  const ids = panelsFor(["zscore", "grad_norm", "eval/accuracy", "loss", "my_metric", "lr", "eval/loss", "system/cpu_percent"])
-    .map((p) => p.id);
-  assert.deepEqual(ids, ["loss", "grad_norm", "lr", "my_metric", "zscore", "eval/accuracy", "system/cpu_percent"]);
-  assert.deepEqual(panelsFor(["eval/loss"]).map((p) => p.id), ["loss"]);
-});
 
 test("non-finite values are drawn as markers at the last finite value, not dropped", () => {
   const run = runWith([
@@ -44,18 +39,80 @@ test("a non-finite first value is anchored at the first finite value after it", 
   assert.deepEqual(series.find((s) => s.gradmonRole === "nonfinite").data[0].value, [1, 3, 1]);
 });
 
-test("grad-norm chart: spikes ringed, max_norm line, log scale hides non-positive values", () => {
+test("grad-norm chart: flagged spikes ringed, skips marked, max_norm line, log scale hides non-positive values", () => {
   const recs = [];
-  for (let s = 1; s <= 20; s++) recs.push({ step: s, grad_norm: s === 15 ? 30 : s === 3 ? 0 : 1 });
-  const run = runWith(recs, { spikeRule: { k: 5, window: 10, minHistory: 5 } });
+  for (let s = 1; s <= 20; s++) recs.push({ step: s, grad_norm: s === 15 ? 30 : s === 3 ? 0 : 1, spike: s === 15 || undefined, skipped: s === 16 || undefined });
+  const run = runWith(recs);
   const panel = panelsFor(run.fields()).find((p) => p.id === "grad_norm");
-  const { series, log } = buildSeries(panel, [{ run, color: "#000" }], { log: true });
+  const { series, log } = buildSeries(panel, [{ run, color: "#000" }], { scale: "log", ignoreOutliers: false });
   assert.equal(log, true);
   const spikes = series.find((s) => s.gradmonRole === "spike");
   assert.deepEqual(spikes.data.map((d) => d.value), [[15, 30, 15]]);
+  const skips = series.find((s) => s.gradmonRole === "skip");
+  assert.deepEqual(skips.data.map((d) => d.value), [[16, 1, 16]]);
   const raw = series.find((s) => s.id === "r|grad_norm|raw");
   assert.equal(raw.data[2][1], null); // 0 on a log axis
   assert.equal(raw.markLine.data[0].yAxis, 2.0);
+});
+
+test("y axis: outliers ignored by default with an edge marker per clipped stretch; a flagged spike stays marked", () => {
+  const recs = [];
+  for (let s = 1; s <= 400; s++) recs.push({ step: s, grad_norm: 1 + 0.05 * Math.sin(s), spike: s === 200 || undefined });
+  recs[199].grad_norm = 80; // flagged spike
+  recs[299].grad_norm = 60; // an unflagged excursion
+  const run = runWith(recs);
+  const panel = panelsFor(run.fields()).find((p) => p.id === "grad_norm");
+  const built = buildSeries(panel, [{ run, color: "#000" }], {});
+  assert.equal(built.log, false);
+  assert.ok(built.range.max < 2, JSON.stringify(built.range));
+  const clipped = built.series.find((s) => s.gradmonRole === "clipped");
+  assert.deepEqual(clipped.data.map((d) => [d.clipped.step, d.clipped.value, d.value[1]]), [[200, 80, built.range.max], [300, 60, built.range.max]]);
+  assert.equal(built.clippedPoints, 2);
+  const spike = built.series.find((s) => s.gradmonRole === "spike").data[0];
+  assert.deepEqual([spike.value[2], spike.value[1], spike.trueValue], [200, built.range.max, 80]); // at the edge, true value kept
+  const all = buildSeries(panel, [{ run, color: "#000" }], { ignoreOutliers: false });
+  assert.ok(all.range.max >= 80);
+  assert.equal(all.series.find((s) => s.gradmonRole === "clipped"), undefined);
+});
+
+test("y axis: automatic log for a series spanning four decades, unless forced linear", () => {
+  const a = [];
+  const b = [];
+  for (let s = 1; s <= 2000; s++) {
+    a.push({ step: s, grad_norm: 0.4 + 0.01 * Math.sin(s) });
+    b.push({ step: s, grad_norm: s < 900 ? 0.4 : 300 + 3000 * Math.abs(Math.sin(s)) });
+  }
+  const entries = [{ run: runWith(a), color: "#1" }, { run: runWith(b), color: "#2" }];
+  const panel = panelsFor(["grad_norm"])[0];
+  const auto = buildSeries(panel, entries, {});
+  assert.equal(auto.log, true);
+  assert.equal(auto.autoLog, true);
+  assert.ok(auto.range.min < 0.4 && auto.range.max > 3000, JSON.stringify(auto.range));
+  const lin = buildSeries(panel, entries, { scale: "linear" });
+  assert.equal(lin.log, false);
+  assert.equal(lin.autoLog, false);
+});
+
+test("y range follows the zoom window", () => {
+  const recs = [];
+  for (let s = 1; s <= 1000; s++) recs.push({ step: s, loss: s <= 500 ? 10 : 1 + 0.001 * s });
+  const run = runWith(recs);
+  const win = buildSeries(panelsFor(["loss"])[0], [{ run, color: "#0" }], { window: { startValue: 600, endValue: 900 }, ignoreOutliers: false });
+  assert.ok(win.range.min >= 1.5 && win.range.max < 2, JSON.stringify(win.range));
+});
+
+test("smoothing: over every step the run holds, whatever the drawn resolution; quality reported", () => {
+  const { emaDebiased } = require("../src/lib/smoothing.js");
+  const recs = [];
+  for (let s = 1; s <= 5000; s++) recs.push({ step: s, loss: 2 + Math.sin(s / 7) + (s % 97 === 0 ? 5 : 0) });
+  const run = runWith(recs);
+  const ref = emaDebiased(recs.map((r) => r.loss), 0.99);
+  const built = buildSeries(panelsFor(["loss"])[0], [{ run, color: "#0" }], { smoothing: 0.99, maxPoints: 300 });
+  const sm = built.series.find((s) => s.id === "r|loss|smooth").data;
+  assert.ok(sm.length <= 300 && sm.length > 50);
+  for (const [x, y, step] of sm) assert.ok(Math.abs(y - ref[step - 1]) < 1e-12, `${step}: ${y} vs ${ref[step - 1]}`);
+  assert.equal(built.smoothing, "exact");
+  assert.equal(buildSeries(panelsFor(["loss"])[0], [{ run, color: "#0" }], {}).smoothing, null);
 });
 
 test("smoothing adds a debiased curve and fades the raw one; x by relative time", () => {
@@ -87,7 +144,7 @@ test("long curves are drawn decimated to the pixel budget, spikes and NaN kept; 
   const recs = [];
   for (let s = 1; s <= 5000; s++) recs.push({ step: s, loss: 1 + 0.01 * Math.sin(s), grad_norm: s === 2345 ? 99 : 1 + 0.01 * Math.cos(s) });
   recs[3999].loss = "NaN";
-  const run = runWith(recs, { spikeRule: { k: 1e9 } });
+  const run = runWith(recs);
   const panels = panelsFor(run.fields());
   const norm = panels.find((p) => p.id === "grad_norm");
   const all = buildSeries(norm, [{ run, color: "#000" }], { maxPoints: 400 });
@@ -97,7 +154,7 @@ test("long curves are drawn decimated to the pixel budget, spikes and NaN kept; 
   const loss = buildSeries(panels[0], [{ run, color: "#000" }], { maxPoints: 400, smoothing: 0.5 });
   const lraw = loss.series.find((s) => s.id === "r|loss|raw").data;
   assert.ok(lraw.some((p) => p[2] === 4000 && p[1] === null)); // the NaN step is still there
-  assert.equal(loss.series.find((s) => s.id === "r|loss|smooth").data.length, lraw.length);
+  assert.ok(loss.series.find((s) => s.id === "r|loss|smooth").data.length <= 400);
   assert.equal(loss.markerPoints, 1);
   // zoomed to [1000, 1100]: every step of the window (plus a margin) at full resolution
   const win = buildSeries(norm, [{ run, color: "#000" }], { maxPoints: 400, window: { startValue: 1000, endValue: 1100 } });

@@ -1,7 +1,7 @@
 "use strict";
 const test = require("node:test");
 const assert = require("node:assert/strict");
-const { parseJsonl, decodeLine, decodeNonFinite } = require("../src/lib/jsonl.js");
+const { parseJsonl, decodeLine, decodeNonFinite, normalizeRecord, quoteBareTokens } = require("../src/lib/jsonl.js");
 
 test("non-finite strings decode to numbers in numeric fields only", () => {
   const rec = decodeLine('{"type":"step","step":2,"loss":"NaN","grad_norm":"Infinity","lr":"-Infinity","message":"NaN"}');
@@ -20,15 +20,38 @@ test("other strings are not numbers", () => {
   assert.equal(rec.note, "inf");
 });
 
-test("bare NaN tokens, non-objects and bad known fields are rejected", () => {
-  assert.throws(() => decodeLine('{"type":"step","step":1,"loss":NaN}'), /not JSON/);
+test("non-objects, records with neither type nor integer step, and bad known fields are rejected", () => {
   assert.throws(() => decodeLine("[1,2]"), /object/);
-  assert.throws(() => decodeLine('{"step":1}'), /type/);
+  assert.throws(() => decodeLine('{"loss":1}'), /type/);
+  assert.throws(() => decodeLine('{"step":1.5,"loss":1}'), /type/);
   assert.throws(() => decodeLine('{"type":"step","step":1.5}'), /integer/);
   assert.throws(() => decodeLine('{"type":"step","step":"3"}'), /integer/);
   assert.throws(() => decodeLine('{"type":"step","step":true}'), /integer/);
   assert.throws(() => decodeLine('{"type":"eval","step":1,"ts":"x"}'), /number/);
   assert.throws(() => decodeLine('{"type":"step"}'), /step/);
+  assert.throws(() => decodeLine('{"type":"step","step":1,"loss":nan}'), /not JSON/); // only the exact tokens
+  assert.throws(() => decodeLine('{"type":"step","step":1,"loss":NaN'), /not JSON/); // broken for another reason
+});
+
+test("other writers: a line without type but with an integer step is a step record", () => {
+  const rec = decodeLine('{"step": 1, "loss": 2.5, "lr": 0.001, "throughput": 900}');
+  assert.deepEqual(rec, { type: "step", step: 1, loss: 2.5, lr: 0.001, throughput: 900 });
+  assert.equal(normalizeRecord({ type: "eval", step: 1 }).type, "eval");
+  assert.equal(normalizeRecord({ step: "1" }).type, undefined);
+});
+
+test("other writers: bare NaN / Infinity / -Infinity tokens (Python's json.dumps) are read outside strings only", () => {
+  const rec = decodeLine('{"step": 7, "loss": NaN, "grad_norm": Infinity, "lr": -Infinity, "note": "NaN, Infinity: \\"NaN\\"", "a": [NaN, 1]}');
+  assert.equal(rec.type, "step");
+  assert.ok(Number.isNaN(rec.loss));
+  assert.equal(rec.grad_norm, Infinity);
+  assert.equal(rec.lr, -Infinity);
+  assert.equal(rec.note, 'NaN, Infinity: "NaN"'); // text inside a string is left alone
+  assert.ok(Number.isNaN(rec.a[0]));
+  assert.equal(quoteBareTokens('{"m":"x NaN","v":NaN}'), '{"m":"x NaN","v":"NaN"}');
+  const r = parseJsonl('{"step":1,"loss":NaN}\n{"type":"step","step":2,"loss":1}\n');
+  assert.equal(r.skipped, 0);
+  assert.deepEqual(r.records.map((x) => x.step), [1, 2]);
 });
 
 test("parseJsonl skips and counts malformed lines, keeps going", () => {
@@ -36,7 +59,7 @@ test("parseJsonl skips and counts malformed lines, keeps going", () => {
     '{"type":"header","schema":1}',
     "not json",
     '{"type":"step","step":1,"loss":1.5}',
-    '{"type":"step","step":2,"loss":NaN}',
+    '{"type":"step","step":2,"loss":nan}',
     "",
     '{"type":"step","step":3,"loss":"NaN"}',
     "",

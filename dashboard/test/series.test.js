@@ -1,7 +1,8 @@
 "use strict";
 const test = require("node:test");
 const assert = require("node:assert/strict");
-const { RunData, Series, spliceWindow } = require("../src/lib/series.js");
+const { Series, spliceWindow } = require("../src/lib/series.js");
+const { RunData } = require("../src/lib/rundata.js");
 
 function history(steps, extra) {
   return Object.assign(
@@ -73,24 +74,59 @@ test("history series values arrive as strings and are decoded; server marks kept
   assert.equal(run.marksOf("spike")[0].value, Infinity);
 });
 
-test("spikes: flagged by the cell, by an event, or by the host rule", () => {
-  const run = new RunData("r", { spikeRule: { k: 5, window: 20, minHistory: 10 } });
+test("marks are the writer's flags, events and non-finite values only: no rule of the page's own", () => {
+  const run = new RunData("r");
   for (let s = 1; s <= 30; s++) run.ingestRecord(step(s, { grad_norm: 1 + (s % 3) * 0.01 }));
-  run.ingestRecord(step(31, { grad_norm: 20 })); // rule
+  run.ingestRecord(step(31, { grad_norm: 20 })); // extreme, but not flagged: no mark
   run.ingestRecord(step(32, { grad_norm: 1.5, spike: true })); // cell flag, not extreme
   run.ingestRecord({ type: "event", kind: "spike", step: 33, ts: 1, grad_norm: 2.0, message: "spike" });
-  const spikes = run.marksOf("spike");
-  assert.deepEqual(spikes.map((m) => m.step), [31, 32, 33]);
-  assert.deepEqual(spikes[0].sources, ["rule"]);
-  assert.ok(spikes[0].median > 0.9 && spikes[0].median < 1.1);
-  assert.deepEqual(spikes[1].sources, ["cell"]);
-  // replaying step 31 does not create a second judgement nor a second mark
-  run.ingestRecord(step(31, { grad_norm: 20 }));
-  assert.equal(run.marksOf("spike").length, 3);
+  run.ingestRecord(step(34, { nonfinite: true, skipped: true })); // flags without a non-finite value
+  assert.deepEqual(run.marksOf("spike").map((m) => [m.step, m.sources[0]]), [[32, "cell"], [33, "event"]]);
+  assert.deepEqual(run.marksOf("skip").map((m) => m.step), [34]);
+  assert.deepEqual(run.marksOf("nonfinite").map((m) => [m.step, m.field]), [[34, "grad_norm"]]);
+  assert.equal(run.flagged(32), true);
+  assert.equal(run.flagged(31), false);
+  // replaying step 32 does not create a second mark
+  run.ingestRecord(step(32, { grad_norm: 1.5, spike: true }));
+  assert.equal(run.marksOf("spike").length, 2);
+});
+
+test("a resumed run rolled back: the new segment's steps replace the old ones from its first step on", () => {
+  const run = new RunData("r");
+  const hdr = (id) => ({ type: "header", schema: 1, run_id: id, start_time: 100 });
+  run.ingestRecord(hdr("a"));
+  for (let s = 1; s <= 20; s++) run.ingestRecord(step(s, { loss: 1, spike: s === 15 }));
+  run.ingestRecord({ type: "eval", step: 20, loss: 0.9 });
+  run.ingestRecord(hdr("b")); // resumed from the step-10 checkpoint
+  for (let s = 11; s <= 40; s++) run.ingestRecord(step(s, { loss: 2 }));
+  const loss = run.series.get("loss");
+  assert.deepEqual(loss.steps, Array.from({ length: 40 }, (_, i) => i + 1));
+  assert.deepEqual(loss.values.slice(8, 12), [1, 1, 2, 2]);
+  assert.equal(run.pointCount("eval/loss"), 0); // the old segment's eval at step 20 is overridden
+  assert.equal(run.marksOf("spike").length, 0); // so is its spike at 15
+  assert.equal(run.headers.length, 2);
+  // the same header re-sent (a resubscribe overlap) is not a new segment: nothing is cut
+  run.ingestRecord(hdr("b"));
+  run.ingestRecord(step(25, { loss: 2 }));
+  assert.equal(run.pointCount("loss"), 40);
+  assert.equal(run.headers.length, 2);
+  // a resume that continues the numbering cuts nothing
+  run.ingestRecord(hdr("c"));
+  run.ingestRecord(step(41, { loss: 3 }));
+  assert.equal(run.pointCount("loss"), 41);
+});
+
+test("alarm events are kept apart from the other events (never pushed out by them)", () => {
+  const run = new RunData("r");
+  run.ingestRecord({ type: "event", kind: "alarm", step: 5, reason: "nonfinite" });
+  for (let i = 0; i < 1500; i++) run.ingestRecord({ type: "event", kind: "spike", step: 10 + i });
+  run.ingestRecord({ type: "event", kind: "alarm_end", step: 9, start: 5, flagged: 2 });
+  assert.deepEqual(run.alarmEvents.map((e) => e.kind), ["alarm", "alarm_end"]);
+  assert.equal(run.events.length, 1000);
 });
 
 test("memory is bounded: over the cap old points are decimated, spikes and NaN kept", () => {
-  const run = new RunData("r", { cap: 1000, spikeRule: { k: 1e9 } });
+  const run = new RunData("r", { cap: 1000 });
   for (let s = 1; s <= 5000; s++) {
     const f = {};
     if (s === 123) f.grad_norm = 40;
@@ -106,6 +142,7 @@ test("memory is bounded: over the cap old points are decimated, spikes and NaN k
   assert.ok(run.valueAt("grad_norm", 789).exact); // flagged step kept though not extreme
   assert.ok(Number.isNaN(run.valueAt("loss", 456).value));
   for (let i = 1; i < g.length; i++) assert.ok(g.steps[i] > g.steps[i - 1]);
+  assert.equal(run.exact, false); // decimated: no longer every step
 });
 
 test("a zoom window replaces the base points inside its range only", () => {
@@ -155,4 +192,32 @@ test("unknown record types and invalid records are ignored", () => {
   assert.equal(run.skippedLines, 1);
   assert.equal(run.ingestRecord({ type: "end", status: "finished", ts: 1 }), true);
   assert.equal(run.ended.status, "finished");
+});
+
+test("records of other writers: no type but an integer step is a step", () => {
+  const run = new RunData("r");
+  assert.equal(run.ingestRecord({ step: 1, loss: 2, lr: 0.1 }), true);
+  assert.equal(run.valueAt("loss", 1).value, 2);
+  assert.equal(run.ingestRecord({ loss: 2 }), false);
+});
+
+test("smoothing is exact over every step held, or marked approximate over downsampled points", () => {
+  const { emaDebiased } = require("../src/lib/smoothing.js");
+  const steps = Array.from({ length: 400 }, (_, i) => i + 1);
+  const full = history(steps, { exact: true });
+  const run = new RunData("r");
+  run.loadHistory(full);
+  const sm = run.smoothed("loss", 0.9);
+  assert.equal(sm.quality, "exact");
+  assert.deepEqual(sm.values, emaDebiased(steps.map((s) => 1 / s), 0.9));
+  const down = new RunData("d");
+  down.loadHistory(history(steps.filter((s) => s % 10 === 1)));
+  assert.equal(down.smoothed("loss", 0.9).quality, "approx");
+  // a zoom window fetched with enough lead-in is trusted from its smoothFrom step on
+  down.setDetail({ start: 100, end: 400, exact: true, series: { loss: { step: steps.slice(99), value: steps.slice(99).map((s) => 1 / s) } } }, 200);
+  assert.equal(down.smoothed("loss", 0.9).quality, "lead-in"); // 100 >= 10/(1-0.9) steps
+  assert.equal(down.smoothed("loss", 0.9).steps[0], 200);
+  assert.equal(down.smoothed("loss", 0.99).quality, "approx"); // needs 1000 steps of lead-in
+  down.setDetail({ start: 1, end: 400, exact: true, series: { loss: { step: steps, value: steps.map((s) => 1 / s) } } }, 1);
+  assert.equal(down.smoothed("loss", 0.99).quality, "exact"); // from the first step: no lead-in needed
 });

@@ -43,3 +43,19 @@ test("a constant series is returned exactly (no rounding noise)", () => {
   assert.equal(out[4], 0.001);
   assert.ok(Number.isNaN(out[2]));
 });
+
+test("lead-in: 10/(1-alpha) steps make the omitted history weigh at most e^-10", () => {
+  const { leadInSteps, leadInOk } = require("../src/lib/smoothing.js");
+  assert.equal(leadInSteps(0), 0);
+  assert.equal(leadInSteps(0.99), 1000);
+  assert.ok(Math.pow(0.99, leadInSteps(0.99)) <= Math.exp(-10));
+  assert.ok(Math.pow(0.6, leadInSteps(0.6)) <= Math.exp(-10));
+  assert.equal(leadInOk(1, 1, 1, 0.99), true); // a window from the first step is exact
+  assert.equal(leadInOk(4000, 5000, 1, 0.99), true);
+  assert.equal(leadInOk(4001, 5000, 1, 0.99), false);
+  // and the bound holds: an EMA started at the lead-in differs from the full one by < 1e-4 of the range
+  const xs = Array.from({ length: 6000 }, (_, i) => (i < 2000 ? 100 : 1) + Math.sin(i));
+  const full = emaDebiased(xs, 0.99);
+  const part = emaDebiased(xs.slice(3000), 0.99);
+  assert.ok(Math.abs(part[1000] - full[4000]) < 1e-4 * 100, String(part[1000] - full[4000]));
+});

@@ -2,8 +2,9 @@
 // system records from history (and live), byte formatting, and the layers table.
 const test = require("node:test");
 const assert = require("node:assert/strict");
-const { RunData } = require("../src/lib/series.js");
-const { panelsFor, formatBytes, formatField, isBytesField, layerRows } = require("../src/lib/chartopts.js");
+const { RunData } = require("../src/lib/rundata.js");
+const { panelsFor } = require("../src/lib/panels.js");
+const { formatBytes, formatField, isBytesField, layerRows } = require("../src/lib/format.js");
 
 test("history's system series load by step and merge with live records without duplicates", () => {
   const run = new RunData("r");

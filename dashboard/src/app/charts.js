@@ -1,62 +1,80 @@
-/* The chart grid: one ECharts instance per panel, linked zoom, throttled redraws. Browser only. */
+/* The chart board: sections of chart cards, linked zoom, throttled redraws, theme. Browser only. */
 (function (root) {
   "use strict";
   const L = root.GradmonLib;
+  const A = root.GradmonApp;
   const MIN_FRAME_MS = 100; // at most 10 redraws per second while streaming
-
-  function durationLabel(s) {
-    if (!Number.isFinite(s)) return "";
-    const a = Math.abs(s);
-    if (a < 10) return Number(s.toFixed(2)) + "s";
-    if (a < 120) return Math.round(s) + "s";
-    if (a < 7200) return (s / 60).toFixed(a < 600 ? 1 : 0) + "m";
-    return (s / 3600).toFixed(1) + "h";
-  }
+  const ZOOM_SETTLE_MS = 350;
+  const DARK = "(prefers-color-scheme: dark)";
+  const NEAR_PX = 300; // a chart this close to the viewport is drawn
 
   class ChartBoard {
     /**
-     * container: the element holding the chart cards. app: {entries() -> [{run, color}], settings,
-     * onZoomEnd(range|null), onLogToggle()}.
+     * container: the element holding the sections. app: {entries() -> [{run, color}], settings()
+     * -> {xMode, smoothing}, panelView(id) -> {scale, ignoreOutliers, expanded, hidden}, tooltip,
+     * afterDraw(), onZoomEnd(zoom | null), onPanelChange(id, what, value), onExport(id, format)}.
      */
     constructor(container, app) {
       this.container = container;
       this.app = app;
-      this.panels = new Map(); // id -> {panel, el, chart, key, markerPoints}
+      this.panels = new Map(); // id -> ChartCard (drawn charts only; hidden ones have none)
+      this.sections = new Map(); // id -> {el, grid, head, hiddenBox}
       this.dirty = false;
       this.frame = 0;
+      this.frameDue = 0;
       this.lastDraw = 0;
       this.renderCount = 0;
       this.zoomTimer = null;
-      this.zoom = null; // {startValue, endValue} in x units, null = whole range
-      this.pct = [0, 100]; // the shared zoom window in percent of the common x extent
+      this.zoom = null; // the settled zoom window {startValue, endValue} in x units; null = everything
+      this.win = null; // the window being shown (follows a gesture before it settles)
       this.extent = null;
       this.syncing = false;
-      this.resizeObserver = new ResizeObserver(() => {
-        for (const p of this.panels.values()) p.chart.resize();
+      this.media = root.matchMedia ? root.matchMedia(DARK) : null;
+      this.dark = !!(this.media && this.media.matches);
+      this.theme = A.themeColors();
+      if (this.media) this.media.addEventListener("change", () => this.setTheme());
+      // Charts are created and redrawn only near the viewport: a long dashboard costs what is seen.
+      this.visibility = new IntersectionObserver((list) => this._onVisibility(list), { rootMargin: NEAR_PX + "px 0px" });
+      this.resizeObserver = new ResizeObserver((list) => {
+        for (const e of list) {
+          const card = this.panels.get(e.target.parentElement && e.target.parentElement.dataset.panel);
+          if (card && card.chart) card.chart.resize();
+        }
       });
     }
 
-    /** Ask for a redraw; coalesced to one per animation frame and at most every MIN_FRAME_MS. */
+    /**
+     * Ask for a redraw; coalesced to one per animation frame and at most every MIN_FRAME_MS. While
+     * the app holds drawing (`app.holdMs()` > 0: the runs shown at opening are still arriving), the
+     * redraw waits that long: one draw with every run instead of one per run.
+     */
     markDirty() {
       this.dirty = true;
-      if (this.frame) return;
-      const wait = Math.max(0, MIN_FRAME_MS - (performance.now() - this.lastDraw));
+      const hold = this.app.holdMs ? this.app.holdMs() : 0;
+      const wait = Math.max(hold, MIN_FRAME_MS - (performance.now() - this.lastDraw));
+      const due = performance.now() + wait;
+      if (this.frame) {
+        if (due >= this.frameDue - 1) return;
+        clearTimeout(this.frame); // the hold ended early (the last run arrived): draw sooner
+      }
+      this.frameDue = due;
       this.frame = setTimeout(() => {
         requestAnimationFrame(() => {
           this.frame = 0;
-          if (this.dirty) this.draw();
+          if (!this.dirty) return;
+          if (this.app.holdMs && this.app.holdMs() > 0) this.markDirty();
+          else this.draw();
         });
       }, wait);
     }
 
     /** Chart width in px (for history resolution: about two points per pixel). */
     chartWidth() {
-      const first = this.panels.values().next().value;
-      if (first && first.el.clientWidth) return first.el.clientWidth;
-      // No chart yet: the width a card will get in the grid (minmax(440px, 1fr), 12px gaps).
+      for (const c of this.panels.values()) if (c.chart && c.el.clientWidth) return c.el.clientWidth;
+      // No chart yet: the width a card will get in the grid (minmax(min(100%, 440px), 1fr), 12px gaps).
       const w = this.container.clientWidth || 900;
       const cols = Math.max(1, Math.floor((w + 12) / 452));
-      return Math.max(300, Math.floor((w - 12 * (cols - 1)) / cols) - 16);
+      return Math.max(240, Math.floor((w - 12 * (cols - 1)) / cols) - 16);
     }
 
     draw() {
@@ -64,46 +82,36 @@
       this.lastDraw = performance.now();
       this.renderCount++;
       const entries = this.app.entries();
-      const settings = this.app.settings;
+      const settings = this.app.settings();
       const fields = new Set();
       for (const e of entries) for (const f of e.run.fields()) fields.add(f);
-      const panels = L.panelsFor(Array.from(fields));
-      this._syncPanels(panels);
+      const sections = L.sectionsFor(L.panelsFor(Array.from(fields)));
+      this._sync(sections);
       const extent = this._extent(entries, settings.xMode);
+      const extentChanged = !this.extent || extent.min !== this.extent.min || extent.max !== this.extent.max;
       this.extent = extent;
-      const zoomed = this.pct[0] > 0.01 || this.pct[1] < 99.99;
-      const win = zoomed ? this._values(this.pct) : null; // from the current extent: right while streaming
-      const drawSettings = Object.assign({}, settings, { maxPoints: Math.round(2 * this.chartWidth()), window: win });
+      // About two points per pixel for one run; one per run when several share the chart (the
+      // min/max decimation keeps every spike and non-finite point either way).
+      const maxPoints = Math.round((entries.length > 1 ? 1 : 2) * this.chartWidth());
       const versions = entries.map((e) => e.run.name + ":" + e.run.version + ":" + e.color).join(",");
-      for (const panel of panels) {
-        const p = this.panels.get(panel.id);
-        const log = !!(panel.logToggle && settings.log);
-        const key = [versions, settings.xMode, settings.smoothing, log, extent.min, extent.max,
-          win ? win.startValue + ":" + win.endValue : "", drawSettings.maxPoints].join("|");
-        if (p.key === key) continue;
-        p.key = key;
-        const built = L.buildSeries(panel, entries, drawSettings);
-        p.markerPoints = built.markerPoints;
-        p.series = built.series;
-        const time = settings.xMode === "wall";
-        p.chart.setOption(
-          {
-            xAxis: {
-              type: time ? "time" : "value",
-              min: extent.min,
-              max: extent.max,
-              axisLabel: settings.xMode === "relative" ? { formatter: durationLabel } : { formatter: null, hideOverlap: true },
-              name: settings.xMode === "step" ? "step" : "",
-            },
-            yAxis: {
-              type: log ? "log" : "value",
-              scale: !log,
-              axisLabel: { formatter: panel.unit === "bytes" ? (v) => L.formatBytes(v) : (v) => L.formatValue(v) },
-            },
-            series: built.series,
-          },
-          { replaceMerge: ["series"], lazyUpdate: false },
-        );
+      for (const card of this.panels.values()) {
+        const pv = this.app.panelView(card.panel.id);
+        card.sync(pv);
+        if (!card.visible) continue; // drawn when it comes near the viewport (_onVisibility)
+        if (!card.chart) this._initChart(card);
+        const win = this.win;
+        const key = [versions, settings.xMode, settings.smoothing, pv.scale, pv.ignoreOutliers, extent.min, extent.max,
+          win ? win.startValue + ":" + win.endValue : "", maxPoints, this.dark].join("|");
+        if (card.key === key) continue;
+        card.key = key;
+        const built = L.buildSeries(card.panel, entries, {
+          xMode: settings.xMode, smoothing: settings.smoothing, scale: pv.scale, ignoreOutliers: pv.ignoreOutliers, maxPoints, window: win,
+        });
+        card.render(built, extent, settings.xMode);
+        const drawn = entries.filter((e) => card.panel.fields.some((f) => e.run.pointCount(f) > 0));
+        card.setLegend(drawn.map((e) => ({ name: e.run.name, color: e.color })), card.panel.fields.some((f) => f.startsWith("eval/") && drawn.some((e) => e.run.pointCount(f) > 0)));
+        if (win && (card.fresh || extentChanged)) this._dispatch(card, win);
+        card.fresh = false;
       }
       this.app.afterDraw && this.app.afterDraw();
     }
@@ -125,157 +133,218 @@
       return { min, max };
     }
 
-    _syncPanels(panels) {
-      const wanted = new Set(panels.map((p) => p.id));
-      for (const [id, p] of this.panels) {
-        if (wanted.has(id)) continue;
-        this.resizeObserver.unobserve(p.el);
-        p.chart.dispose();
-        p.card.remove();
+    /** Sections and cards as the fields and the view say: hidden charts get no instance. */
+    _sync(sections) {
+      const wantedSections = new Set(sections.map((s) => s.id));
+      for (const [id, s] of this.sections) {
+        if (wantedSections.has(id)) continue;
+        s.el.remove();
+        this.sections.delete(id);
+      }
+      const shown = new Set();
+      let prevSection = null;
+      for (const sec of sections) {
+        const s = this._section(sec);
+        const want = prevSection ? prevSection.el.nextSibling : this.container.firstChild;
+        if (want !== s.el) this.container.insertBefore(s.el, want);
+        prevSection = s;
+        const hidden = [];
+        let prev = null;
+        for (const panel of sec.panels) {
+          if (this.app.panelView(panel.id).hidden) {
+            hidden.push(panel);
+            continue;
+          }
+          shown.add(panel.id);
+          let card = this.panels.get(panel.id);
+          if (!card) card = this._createCard(panel, s.grid);
+          card.panel = panel;
+          const at = prev ? prev.card.nextSibling : s.grid.firstChild;
+          if (at !== card.card) s.grid.insertBefore(card.card, at);
+          prev = card;
+        }
+        this._hiddenList(s, hidden, sec.panels.length);
+      }
+      for (const [id, card] of this.panels) {
+        if (shown.has(id)) continue;
+        this.resizeObserver.unobserve(card.el);
+        this.visibility.unobserve(card.card);
+        card.dispose();
         this.panels.delete(id);
       }
-      let prev = null;
-      for (const panel of panels) {
-        let p = this.panels.get(panel.id);
-        if (!p) {
-          p = this._createPanel(panel);
-          this.panels.set(panel.id, p);
-        }
-        p.panel = panel;
-        // keep DOM order equal to panel order
-        const want = prev ? prev.card.nextSibling : this.container.firstChild;
-        if (want !== p.card) this.container.insertBefore(p.card, want);
-        prev = p;
+      // New cards near the viewport are drawn in this draw (the observer reports a frame later).
+      const near = window.innerHeight + NEAR_PX;
+      for (const card of this.panels.values()) {
+        if (card.visible !== null) continue;
+        const r = card.card.getBoundingClientRect();
+        card.visible = r.top < near && r.bottom > -NEAR_PX;
       }
     }
 
-    _createPanel(panel) {
-      const card = document.createElement("section");
-      card.className = "chart-card";
-      card.dataset.panel = panel.id;
-      const head = document.createElement("div");
-      head.className = "chart-head";
-      const title = document.createElement("h2");
-      title.textContent = panel.title;
-      head.appendChild(title);
-      if (panel.logToggle) {
-        const lab = document.createElement("label");
-        lab.className = "toggle";
-        const box = document.createElement("input");
-        box.type = "checkbox";
-        box.className = "log-toggle";
-        box.checked = !!this.app.settings.log;
-        box.addEventListener("change", () => this.app.onLogToggle(box.checked));
-        lab.append(box, document.createTextNode(" log scale"));
-        head.appendChild(lab);
+    _onVisibility(list) {
+      let more = false;
+      for (const e of list) {
+        const card = this.panels.get(e.target.dataset.panel);
+        if (!card) continue;
+        if (e.isIntersecting && !card.visible) more = true;
+        card.visible = e.isIntersecting;
       }
-      const el = document.createElement("div");
-      el.className = "chart";
-      card.append(head, el);
-      this.container.appendChild(card);
-      const chart = echarts.init(el, null, { renderer: "canvas" });
-      chart.setOption(this._baseOption());
-      if (this.pct[0] > 0 || this.pct[1] < 100) chart.dispatchAction({ type: "dataZoom", start: this.pct[0], end: this.pct[1] });
-      chart.on("datazoom", (ev) => this._onZoom(chart, ev));
-      this.resizeObserver.observe(el);
-      return { panel, card, el, chart, key: null, markerPoints: 0, series: [] };
+      if (more) this.markDirty();
     }
 
-    _baseOption() {
-      return {
-        animation: false,
-        grid: { left: 60, right: 18, top: 16, bottom: 58 },
-        tooltip: {
-          trigger: "axis",
-          confine: true,
-          axisPointer: { type: "line", animation: false },
-          formatter: (params) => this.app.tooltip(params),
-          transitionDuration: 0,
-        },
-        xAxis: { type: "value", name: "step", nameLocation: "end", nameGap: 4, nameTextStyle: { color: "#888", verticalAlign: "top", padding: [8, 0, 0, 0] } },
-        yAxis: { type: "value", scale: true, splitLine: { lineStyle: { color: "#eee" } }, axisLabel: { formatter: (v) => L.formatValue(v) } },
-        dataZoom: [
-          { type: "inside", xAxisIndex: 0, filterMode: "filter", zoomOnMouseWheel: true, moveOnMouseMove: true },
-          { type: "slider", xAxisIndex: 0, filterMode: "filter", height: 14, bottom: 8, showDetail: false, brushSelect: false },
-        ],
-        series: [],
-      };
+    _initChart(card) {
+      card.init(this.theme, this.dark);
+      card.fresh = true;
+      card.key = null;
+      this.resizeObserver.observe(card.el);
+    }
+
+    /** Draw one chart now, wherever it is (an export of a chart never scrolled to). */
+    ensureDrawn(id) {
+      const card = this.panels.get(id);
+      if (!card) return null;
+      card.visible = true;
+      this.draw();
+      return card;
+    }
+
+    _section(sec) {
+      let s = this.sections.get(sec.id);
+      if (s) {
+        s.title.textContent = sec.title;
+        return s;
+      }
+      const el = A.el("section", "chart-section");
+      el.dataset.section = sec.id;
+      const head = A.el("div", "section-head");
+      const title = A.el("h2", "section-title", sec.title);
+      const hiddenBox = A.el("span", "hidden-charts");
+      head.append(title, hiddenBox);
+      const grid = A.el("div", "charts");
+      el.append(head, grid);
+      s = { el, head, title, grid, hiddenBox };
+      this.sections.set(sec.id, s);
+      return s;
+    }
+
+    /** "hidden: [zscore] [clip_coef]" in the section's head: a click shows the chart again. */
+    _hiddenList(s, hidden, total) {
+      const key = hidden.map((p) => p.id).join("|");
+      if (s.hiddenBox.dataset.key === key) return;
+      s.hiddenBox.dataset.key = key;
+      s.hiddenBox.textContent = "";
+      s.el.classList.toggle("all-hidden", hidden.length === total);
+      if (!hidden.length) return;
+      s.hiddenBox.appendChild(document.createTextNode("hidden:"));
+      for (const p of hidden) {
+        const b = A.el("button", "show-chart", p.title);
+        b.type = "button";
+        b.dataset.panel = p.id;
+        b.title = "Show this chart again";
+        b.addEventListener("click", () => this.app.onPanelChange(p.id, "hidden", false));
+        s.hiddenBox.appendChild(b);
+      }
+    }
+
+    _createCard(panel, grid) {
+      const card = new A.ChartCard(panel, {
+        view: (id) => this.app.panelView(id),
+        onChange: (id, what, value) => this.app.onPanelChange(id, what, value),
+        onExport: (id, format) => this.app.onExport(id, format),
+        tooltip: (params, id) => this.app.tooltip(params, id),
+        onZoom: (c, ev) => this._onZoom(c, ev),
+        onResetZoom: () => this.resetZoom(),
+      });
+      grid.appendChild(card.card);
+      card.visible = null; // not known until laid out (see _sync)
+      this.panels.set(panel.id, card);
+      this.visibility.observe(card.card);
+      return card;
     }
 
     /**
-     * Linked zoom: every chart has the same x extent (set in draw), so one percent window fits all.
-     * Done by hand rather than echarts.connect, which would also pop up every chart's tooltip at once.
+     * Linked zoom: every chart has the same x extent, so one window in x units fits all. Done by
+     * hand rather than echarts.connect, which would also pop up every chart's tooltip at once.
      */
-    _onZoom(chart, ev) {
+    _onZoom(source, ev) {
       if (this.syncing) return;
       const p = ev && ev.batch ? ev.batch[0] : ev || {};
-      let start = p.start;
-      let end = p.end;
-      if ((start === undefined || end === undefined) && p.startValue !== undefined && this.extent && this.extent.min !== null) {
-        const span = this.extent.max - this.extent.min;
-        start = ((p.startValue - this.extent.min) / span) * 100;
-        end = ((p.endValue - this.extent.min) / span) * 100;
+      let a = p.startValue;
+      let b = p.endValue;
+      if ((a === undefined || b === undefined) && this.extent && this.extent.min !== null) {
+        const dz = source.chart.getOption().dataZoom[0];
+        a = dz.startValue;
+        b = dz.endValue;
       }
-      if (start === undefined || end === undefined) return;
-      this._setWindow(start, end, chart);
+      if (!Number.isFinite(a) || !Number.isFinite(b)) return;
+      this._setWindow(a, b, source);
     }
 
-    _setWindow(start, end, source) {
-      this.pct = [start, end];
+    _dispatch(card, win) {
       this.syncing = true;
       try {
-        for (const q of this.panels.values()) {
-          if (q.chart !== source) q.chart.dispatchAction({ type: "dataZoom", start, end });
-        }
+        if (win) card.chart.dispatchAction({ type: "dataZoom", startValue: win.startValue, endValue: win.endValue });
+        else card.chart.dispatchAction({ type: "dataZoom", start: 0, end: 100 });
       } finally {
         this.syncing = false;
       }
+    }
+
+    _setWindow(a, b, source) {
+      const ext = this.extent;
+      const full = !ext || ext.min === null || (a <= ext.min + 1e-9 * Math.abs(ext.min || 1) && b >= ext.max - 1e-9 * Math.abs(ext.max || 1));
+      this.win = full ? null : { startValue: a, endValue: b };
+      for (const c of this.panels.values()) if (c !== source && c.chart) this._dispatch(c, this.win);
       clearTimeout(this.zoomTimer);
       // Refetch only when the user stops zooming: one request per gesture, not per wheel tick.
       this.zoomTimer = setTimeout(() => {
-        const full = this.pct[0] <= 0.01 && this.pct[1] >= 99.99;
-        this.zoom = full ? null : this._values(this.pct);
+        this.zoom = this.win;
         this.markDirty(); // redraw the curves at full resolution for the new window
         this.app.onZoomEnd(this.zoom);
-      }, 350);
-    }
-
-    _values(pct) {
-      if (!this.extent || this.extent.min === null) return null;
-      const span = this.extent.max - this.extent.min;
-      return { startValue: this.extent.min + (pct[0] / 100) * span, endValue: this.extent.min + (pct[1] / 100) * span };
+      }, ZOOM_SETTLE_MS);
     }
 
     /** Zoom every chart to [a, b] in x units. */
     zoomTo(a, b) {
-      if (!this.extent || this.extent.min === null) return;
-      const span = this.extent.max - this.extent.min;
-      const start = Math.max(0, ((a - this.extent.min) / span) * 100);
-      const end = Math.min(100, ((b - this.extent.min) / span) * 100);
-      this._setWindow(start, end, null);
-      this.zoom = { startValue: a, endValue: b };
+      if (!(b > a)) return;
+      this._setWindow(a, b, null);
     }
 
     resetZoom() {
-      this._setWindow(0, 100, null);
-      this.zoom = null;
+      this._setWindow(-Infinity, Infinity, null);
     }
 
-    /** Rendered marker points of a panel: [{role, run, step, label}] (for tests and the status line). */
+    /** Re-create the charts in the current theme (the system switched between light and dark). */
+    setTheme() {
+      this.dark = !!(this.media && this.media.matches);
+      this.theme = A.themeColors();
+      for (const c of this.panels.values()) {
+        if (!c.chart) continue;
+        c.chart.dispose();
+        c.chart = null;
+        this._initChart(c);
+      }
+      this.markDirty();
+    }
+
+    /** Rendered marker points of a chart: [{role, run, step, x, y, label}] (for tests and the curious). */
     markers(panelId) {
       const out = [];
-      const p = this.panels.get(panelId);
-      if (!p) return out;
-      for (const s of p.series) {
+      const card = this.panels.get(panelId);
+      if (!card) return out;
+      for (const s of card.series) {
         if (!s.gradmonRole) continue;
-        for (const d of s.data) out.push({ role: s.gradmonRole, run: s.id.split("|")[0], step: d.value[2], x: d.value[0], y: d.value[1], label: d.nonfinite || "spike" });
+        for (const d of s.data) {
+          const label = d.nonfinite || (d.clipped ? "clipped" : s.gradmonRole);
+          out.push({ role: s.gradmonRole, run: s.id.split("|")[0], step: d.value[2], x: d.value[0], y: d.value[1], label, value: d.trueValue !== undefined ? d.trueValue : d.clipped ? d.clipped.value : d.value[1] });
+        }
       }
       return out;
     }
 
-    /** Current x-axis zoom window of the first chart, in x units: {startValue, endValue} or null. */
+    /** Current x-axis zoom window of the first chart: {start, end} in percent, {startValue, endValue} in x units. */
     currentZoom() {
-      const first = this.panels.values().next().value;
+      const first = Array.from(this.panels.values()).find((c) => c.chart);
       if (!first) return null;
       const dz = first.chart.getOption().dataZoom[0];
       return { start: dz.start, end: dz.end, startValue: dz.startValue, endValue: dz.endValue };
@@ -284,5 +353,4 @@
 
   root.GradmonApp = root.GradmonApp || {};
   root.GradmonApp.ChartBoard = ChartBoard;
-  root.GradmonApp.durationLabel = durationLabel;
 })(self);

@@ -1,8 +1,10 @@
-/* Which charts to draw and the ECharts series for one chart: pure functions of the run data. */
+/* The ECharts series and y axis of one chart: a pure function of the run data and view settings. */
 (function (root, factory) {
   "use strict";
   const isNode = typeof module !== "undefined" && module.exports;
-  const deps = isNode ? Object.assign({}, require("./smoothing.js"), require("./decimate.js")) : root.GradmonLib;
+  const deps = isNode
+    ? Object.assign({}, require("./decimate.js"), require("./format.js"), require("./yaxis.js"))
+    : root.GradmonLib;
   const api = factory(deps);
   if (isNode) module.exports = api;
   else Object.assign((root.GradmonLib = root.GradmonLib || {}), api);
@@ -10,83 +12,8 @@
   "use strict";
 
   const MARK_COLOR = "#d62728";
-  // Charts in this order first; every other numeric field gets its own chart after them.
-  const KNOWN = [
-    { id: "loss", title: "Loss", fields: ["loss", "eval/loss"] },
-    { id: "grad_norm", title: "Gradient norm", fields: ["grad_norm"], logToggle: true, spikes: true },
-    { id: "lr", title: "Learning rate", fields: ["lr"] },
-    { id: "throughput", title: "Throughput (samples/s)", fields: ["throughput"] },
-    { id: "steps_per_sec", title: "Steps per second", fields: ["steps_per_sec"] },
-    { id: "step_time", title: "Step time (s)", fields: ["step_time"] },
-    { id: "data_time", title: "Data time (s)", fields: ["data_time"] },
-  ];
-
-  /** Ordered chart panels for the union of fields present: [{id, title, fields, logToggle, spikes}]. */
-  function panelsFor(fields) {
-    const present = new Set(fields);
-    const used = new Set();
-    const panels = [];
-    for (const p of KNOWN) {
-      const fs = p.fields.filter((f) => present.has(f));
-      if (!fs.length) continue;
-      fs.forEach((f) => used.add(f));
-      panels.push(Object.assign({}, p, { fields: p.fields }));
-    }
-    const rank = (f) => (f.startsWith("eval/") ? 1 : f.startsWith("system/") ? 2 : 0);
-    const rest = fields.filter((f) => !used.has(f)).sort((a, b) => rank(a) - rank(b) || (a < b ? -1 : a > b ? 1 : 0));
-    for (const f of Array.from(new Set(rest))) {
-      panels.push(isBytesField(f) ? { id: f, title: f, fields: [f], unit: "bytes" } : { id: f, title: f, fields: [f] });
-    }
-    return panels;
-  }
-
-  /** Whether a field holds a byte count (`rss_bytes`, `system/device_mem_bytes`, ...). */
-  function isBytesField(field) {
-    return /(^|[/_])bytes$/.test(field);
-  }
-
-  const BYTE_UNITS = ["B", "kB", "MB", "GB", "TB", "PB"];
-
-  /** A byte count in decimal units, 3 significant digits: 1200000000 -> "1.2 GB", 512 -> "512 B". */
-  function formatBytes(v) {
-    if (typeof v !== "number" || !Number.isFinite(v)) return formatValue(v);
-    const a = Math.abs(v);
-    let u = 0;
-    while (u < BYTE_UNITS.length - 1 && a >= Math.pow(1000, u + 1) * 0.9995) u++;
-    const x = v / Math.pow(1000, u);
-    return (u === 0 ? String(Math.round(x)) : String(Number(x.toPrecision(3)))) + " " + BYTE_UNITS[u];
-  }
-
-  /** A value of `field` as text: byte counts in kB/MB/GB, anything else by formatValue. */
-  function formatField(field, v) {
-    return isBytesField(field) ? formatBytes(v) : formatValue(v);
-  }
-
-  /**
-   * Rows of a `layers` record's top-k table for display: [{name, grad_norm, param_norm,
-   * update_ratio}] as text (non-finite values named, missing ones "—"), at most `max` rows, in the
-   * record's order (largest gradient norm first).
-   */
-  function layerRows(rec, max) {
-    const top = rec && Array.isArray(rec.top) ? rec.top : [];
-    return top.slice(0, max > 0 ? max : top.length).map((r) => ({
-      name: r && typeof r.name === "string" ? r.name : "?",
-      grad_norm: formatValue(r ? r.grad_norm : undefined),
-      param_norm: formatValue(r ? r.param_norm : undefined),
-      update_ratio: formatValue(r ? r.update_ratio : undefined),
-    }));
-  }
-
-  function formatValue(v) {
-    if (typeof v !== "number") return v === undefined || v === null ? "—" : String(v);
-    if (Number.isNaN(v)) return "NaN";
-    if (v === Infinity) return "Infinity";
-    if (v === -Infinity) return "-Infinity";
-    if (Number.isInteger(v) && Math.abs(v) < 1e15) return String(v);
-    const a = Math.abs(v);
-    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(3).replace(/\.?0+e/, "e");
-    return String(Number(v.toPrecision(5)));
-  }
+  const SKIP_COLOR = "#e6891a";
+  const QUALITY_RANK = { exact: 0, "lead-in": 1, approx: 2 };
 
   /**
    * x coordinate of a step for the axis mode: "step" (the step), "wall" (epoch ms, for a time axis)
@@ -102,68 +29,99 @@
     return typeof v === "number" && Number.isFinite(v) && (!log || v > 0);
   }
 
+  function inWindow(x, win) {
+    return !win || (x >= win.startValue && x <= win.endValue);
+  }
+
+  /** Whether a field is smoothed: step-record fields only (eval and system points are drawn as they are). */
+  function smoothable(field) {
+    return !field.startsWith("eval/") && !field.startsWith("system/");
+  }
+
   /**
-   * The ECharts series of one chart panel for the given runs.
+   * Points [x, y, step] of one field of one run, y null where not drawable (non-finite, or <= 0 on
+   * a log axis), and the markers of its non-finite values: a red triangle at the last finite value
+   * before them (pointing down for -Infinity), or at the first finite value after them.
+   */
+  function pointsOf(run, field, steps, values, mode, log) {
+    const points = [];
+    const markers = [];
+    let lastFinite = null;
+    const pendingFirst = [];
+    for (let i = 0; i < steps.length; i++) {
+      const x = xOf(run, steps[i], mode);
+      if (!Number.isFinite(x)) continue;
+      const y = values[i];
+      if (usable(y, log)) {
+        points.push([x, y, steps[i]]);
+        if (lastFinite === null) pendingFirst.forEach((m) => (m.value[1] = y));
+        lastFinite = y;
+        continue;
+      }
+      points.push([x, null, steps[i]]);
+      if (typeof y === "number" && !Number.isFinite(y)) {
+        const m = {
+          value: [x, lastFinite === null ? (log ? 1 : 0) : lastFinite, steps[i]],
+          nonfinite: lib.formatValue(y),
+          field,
+          symbolRotate: y === -Infinity ? 180 : 0,
+        };
+        if (lastFinite === null) pendingFirst.push(m);
+        markers.push(m);
+      }
+    }
+    return { points, markers };
+  }
+
+  /** Keep the points displayIndices picks (all when it returns null). */
+  function thin(points, maxPoints, win) {
+    const idx = displayIndices(points, maxPoints, win);
+    return idx ? idx.map((i) => points[i]) : points;
+  }
+
+  /**
+   * The chart of one panel for the given runs: {series, log, autoLog, range, markerPoints,
+   * clippedPoints, smoothing}.
    *
-   * entries: [{run: RunData, color}]; settings: {xMode, smoothing (EMA weight in [0,1)), log,
-   * maxPoints, window}. A curve longer than `maxPoints` is drawn from its points in `window`
-   * ({startValue, endValue} in x units, null = all) reduced by min/max decimation to about
-   * `maxPoints` (spikes and non-finite points always kept): the chart never holds more points than
-   * it has pixels to show, whatever the memory holds.
-   * Each data item is [x, y, step]. Non-finite values become a gap-free line (connectNulls) plus a
-   * red triangle marker at the last finite value before them (pointing down for -Infinity); spikes
-   * (grad-norm chart) become red rings at their value; the clip threshold `max_norm` a dashed line.
+   * entries: [{run: RunData, color}]; settings: {xMode, smoothing (EMA weight in [0,1)), scale
+   * ("auto" | "log" | "linear"), ignoreOutliers, maxPoints, window}. A curve longer than
+   * `maxPoints` is drawn from its points in `window` ({startValue, endValue} in x units, null = all)
+   * reduced by min/max decimation (spikes and non-finite points always kept): the chart never holds
+   * more points than it has pixels to show, whatever the memory holds. Each data item is [x, y,
+   * step]. `range` is the y range (yaxis.js; null: let the chart decide); points beyond it get one
+   * edge marker per stretch. On a `marks` panel, the detector's flags: spikes as red rings, skips as
+   * orange diamonds (at the chart's edge when clipped), and the clip threshold `max_norm` as a
+   * dashed line. `smoothing` is the worst quality of the smoothed curves drawn (null when none).
    */
   function buildSeries(panel, entries, settings) {
     const mode = settings.xMode || "step";
-    const log = !!(panel.logToggle && settings.log);
     const alpha = settings.smoothing || 0;
+    const win = settings.window && Number.isFinite(settings.window.startValue) ? settings.window : null;
+    const scale = settings.scale || "auto";
+    const lists = [];
+    for (const { run } of entries) for (const f of panel.fields) lists.push(run.view(f).values);
+    const autoLog = scale === "auto" && lib.autoLog(lists);
+    const log = scale === "log" || autoLog;
     const series = [];
+    const drawn = []; // [{points in view, run, color}] for the range and the clipped markers
+    const flagsOf = []; // [{run, color}] whose detector marks this chart shows
     let markerPoints = 0;
+    let quality = null;
     for (const { run, color } of entries) {
       for (const field of panel.fields) {
         const v = run.view(field);
         if (!v.steps.length) continue;
         const isEval = field.startsWith("eval/");
-        const xs = v.steps.map((s) => xOf(run, s, mode));
-        let raw = [];
-        const markers = [];
-        let lastFinite = null;
-        let pendingFirst = []; // non-finite before any finite value: anchor at the first finite later
-        for (let i = 0; i < v.steps.length; i++) {
-          const x = xs[i];
-          if (!Number.isFinite(x)) continue;
-          const y = v.values[i];
-          if (usable(y, log)) {
-            raw.push([x, y, v.steps[i]]);
-            if (lastFinite === null) pendingFirst.forEach((m) => (m.value[1] = y));
-            lastFinite = y;
-          } else {
-            raw.push([x, null, v.steps[i]]);
-            if (typeof y === "number" && !Number.isFinite(y)) {
-              const m = {
-                value: [x, lastFinite === null ? (log ? 1 : 0) : lastFinite, v.steps[i]],
-                nonfinite: formatValue(y),
-                field,
-                symbolRotate: y === -Infinity ? 180 : 0,
-              };
-              if (lastFinite === null) pendingFirst.push(m);
-              markers.push(m);
-            }
-          }
-        }
+        const { points, markers } = pointsOf(run, field, v.steps, v.values, mode, log);
         const label = isEval ? run.name + " · " + field : run.name;
-        const smooth = alpha > 0 && !isEval;
         let smoothed = null;
-        if (smooth) {
-          const sm = lib.emaDebiased(raw.map((p) => (p[1] === null ? NaN : p[1])), alpha);
-          smoothed = raw.map((p, i) => [p[0], Number.isFinite(sm[i]) ? sm[i] : null, p[2]]);
+        if (alpha > 0 && smoothable(field)) {
+          const sm = run.smoothed(field, alpha);
+          smoothed = thin(pointsOf(run, field, sm.steps, sm.values, mode, log).points, settings.maxPoints, win);
+          if (quality === null || QUALITY_RANK[sm.quality] > QUALITY_RANK[quality]) quality = sm.quality;
         }
-        const shown = displayIndices(raw, settings.maxPoints, settings.window);
-        if (shown) {
-          raw = shown.map((i) => raw[i]);
-          if (smoothed) smoothed = shown.map((i) => smoothed[i]);
-        }
+        const raw = thin(points, settings.maxPoints, win);
+        drawn.push({ points: raw.filter((p) => inWindow(p[0], win)), run, color, field });
         const sparse = raw.length <= 60 || isEval; // a few points: show them as dots, not just a line
         series.push({
           id: run.name + "|" + field + "|raw",
@@ -174,11 +132,11 @@
           showSymbol: sparse,
           symbolSize: isEval ? 5 : 3,
           connectNulls: true,
-          lineStyle: { width: smooth ? 1 : 1.5, opacity: smooth ? 0.25 : 1, type: isEval ? "dashed" : "solid" },
-          itemStyle: { opacity: smooth ? 0.25 : 1 },
+          lineStyle: { width: smoothed ? 1 : 1.5, opacity: smoothed ? 0.25 : 1, type: isEval ? "dashed" : "solid" },
+          itemStyle: { opacity: smoothed ? 0.25 : 1 },
           emphasis: { disabled: true },
           z: 2,
-          markLine: panel.spikes && run.maxNorm !== null && field === "grad_norm" ? thresholdLine(run.maxNorm, color) : undefined,
+          markLine: panel.marks && run.maxNorm !== null && field === "grad_norm" ? thresholdLine(run.maxNorm, color) : undefined,
         });
         if (smoothed) {
           series.push({
@@ -196,47 +154,86 @@
         }
         if (markers.length) {
           markerPoints += markers.length;
-          series.push({
-            id: run.name + "|" + field + "|nonfinite",
-            name: label + " non-finite",
-            type: "scatter",
-            data: markers,
-            symbol: "triangle",
-            symbolSize: 13,
-            itemStyle: { color: MARK_COLOR, borderColor: "#fff", borderWidth: 1 },
-            z: 10,
-            gradmonRole: "nonfinite",
-          });
+          series.push(markerSeries(run.name + "|" + field + "|nonfinite", label + " non-finite", markers, "nonfinite", "triangle", 13));
         }
       }
-      if (panel.spikes) {
-        const spikes = [];
-        for (const m of run.marksOf("spike")) {
-          let y = m.value;
-          if (!usable(y, log)) {
-            const at = run.valueAt("grad_norm", m.step);
-            y = at ? at.value : null;
-          }
-          if (!usable(y, log)) continue; // a non-finite spike already has its triangle
-          const x = xOf(run, m.step, mode);
-          if (Number.isFinite(x)) spikes.push({ value: [x, y, m.step], spike: m });
-        }
-        if (spikes.length) {
-          series.push({
-            id: run.name + "|spikes",
-            name: run.name + " spikes",
-            type: "scatter",
-            data: spikes,
-            symbol: "circle",
-            symbolSize: 11,
-            itemStyle: { color: "rgba(214,39,40,0.15)", borderColor: MARK_COLOR, borderWidth: 2 },
-            z: 9,
-            gradmonRole: "spike",
-          });
-        }
+      if (panel.marks) flagsOf.push({ run, color });
+    }
+    const range = lib.yRange(
+      drawn.map((d) => ({ values: d.points.map((p) => p[1]), skip: (i) => d.run.flagged(d.points[i][2]) })),
+      log,
+      settings.ignoreOutliers !== false,
+    );
+    let clippedPoints = 0;
+    if (range) {
+      for (const d of drawn) {
+        const stretches = lib.clippedStretches(d.points, range.min, range.max);
+        if (!stretches.length) continue;
+        clippedPoints += stretches.length;
+        series.push(clippedSeries(d, stretches, range));
       }
     }
-    return { series, log, markerPoints };
+    for (const { run } of flagsOf) {
+      for (const [kind, symbol, color] of [["spike", "circle", MARK_COLOR], ["skip", "diamond", SKIP_COLOR]]) {
+        const data = flagMarks(run, kind, mode, log, range);
+        if (data.length) series.push(flagSeries(run.name + "|" + kind + "s", run.name + " " + kind + "s", data, kind, symbol, color));
+      }
+    }
+    return { series, log, autoLog, range, markerPoints, clippedPoints, smoothing: quality };
+  }
+
+  /** The detector marks of one kind on a marks chart: at the flagged step's value, clamped into the range. */
+  function flagMarks(run, kind, mode, log, range) {
+    const data = [];
+    for (const m of run.marksOf(kind)) {
+      let y = m.value;
+      if (!usable(y, log)) {
+        const at = run.valueAt("grad_norm", m.step);
+        y = at ? at.value : null;
+      }
+      if (!usable(y, log)) continue; // a non-finite flagged step already has its triangle
+      const x = xOf(run, m.step, mode);
+      if (!Number.isFinite(x)) continue;
+      const shown = range ? Math.min(range.max, Math.max(range.min, y)) : y;
+      data.push({ value: [x, shown, m.step], mark: m, trueValue: y });
+    }
+    return data;
+  }
+
+  function markerSeries(id, name, data, role, symbol, size) {
+    return {
+      id, name, type: "scatter", data, symbol, symbolSize: size,
+      itemStyle: { color: MARK_COLOR, borderColor: "#fff", borderWidth: 1 }, z: 10, gradmonRole: role,
+    };
+  }
+
+  function flagSeries(id, name, data, role, symbol, color) {
+    return {
+      id, name, type: "scatter", data, symbol, symbolSize: role === "spike" ? 9 : 7,
+      itemStyle: { color: role === "spike" ? "rgba(214,39,40,0.12)" : color, borderColor: color, borderWidth: role === "spike" ? 1.5 : 0 },
+      z: 9, clip: false, gradmonRole: role,
+    };
+  }
+
+  /** Edge markers of a series' clipped stretches: a small arrowhead at the top (or bottom) edge. */
+  function clippedSeries(d, stretches, range) {
+    return {
+      id: d.run.name + "|" + d.field + "|clipped",
+      name: d.run.name + " beyond the y range",
+      type: "scatter",
+      data: stretches.map((s) => ({
+        value: [s.x, s.side === "above" ? range.max : range.min, s.step],
+        clipped: s,
+        symbolRotate: s.side === "above" ? 0 : 180,
+        symbolOffset: [0, s.side === "above" ? 5 : -5],
+      })),
+      symbol: "triangle",
+      symbolSize: [9, 7],
+      itemStyle: { color: d.color, borderColor: "#fff", borderWidth: 0.5 },
+      z: 8,
+      clip: false,
+      gradmonRole: "clipped",
+    };
   }
 
   /**
@@ -287,12 +284,9 @@
       symbol: "none",
       data: [{ yAxis: maxNorm, name: "max_norm" }],
       lineStyle: { color, type: "dashed", width: 1, opacity: 0.8 },
-      label: { formatter: "max_norm " + formatValue(maxNorm), position: "insideEndTop", color: "#555" },
+      label: { formatter: "max_norm " + lib.formatValue(maxNorm), position: "insideEndTop", color: "#888" },
     };
   }
 
-  return {
-    KNOWN_PANELS: KNOWN, MARK_COLOR, panelsFor, buildSeries, displayIndices, formatValue, formatBytes, formatField,
-    isBytesField, layerRows, xOf,
-  };
+  return { MARK_COLOR, SKIP_COLOR, buildSeries, displayIndices, xOf, smoothable };
 });

@@ -1,8 +1,10 @@
-/* Strict JSON Lines decoding of gradmon run-log records (docs/format.md), for the browser and node.
+/* JSON Lines decoding of gradmon run-log records (docs/format.md), for the browser and node.
  *
  * Mirrors gradmon/jsonl.py: non-finite floats arrive as the strings "NaN", "Infinity", "-Infinity"
- * and are decoded back to numbers everywhere except in text fields; bare NaN tokens are not JSON
- * and make the line invalid. A trailing partial line (no "\n" yet) is never taken as a record.
+ * and are decoded back to numbers everywhere except in text fields. A trailing partial line (no
+ * "\n" yet) is never taken as a record. Logs of other writers are read by the format's
+ * compatibility rules: a line without `type` but with an integer `step` is a step record, and the
+ * bare tokens NaN / Infinity / -Infinity of Python's default json.dumps (not JSON) are read too.
  */
 (function (root, factory) {
   "use strict";
@@ -38,6 +40,36 @@
     return undefined;
   }
 
+  /**
+   * A record as the readers see it: a JSON object without `type` but with an integer `step` (what
+   * hand-written callbacks write) is a step record. Anything else is returned as it is.
+   */
+  function normalizeRecord(rec) {
+    if (rec !== null && typeof rec === "object" && !Array.isArray(rec) && rec.type === undefined && Number.isInteger(rec.step)) {
+      return Object.assign({ type: "step" }, rec);
+    }
+    return rec;
+  }
+
+  const STRING_LITERAL = /"(?:[^"\\]|\\.)*"/g;
+  const BARE_TOKEN = /-?Infinity|NaN/g;
+
+  /**
+   * The line with bare NaN / Infinity / -Infinity tokens outside string literals quoted, so that
+   * JSON.parse takes them (and decodeNonFinite turns them into numbers). Text inside strings is
+   * never touched. Only called for a line JSON.parse has already refused.
+   */
+  function quoteBareTokens(line) {
+    let out = "";
+    let last = 0;
+    STRING_LITERAL.lastIndex = 0;
+    for (let m = STRING_LITERAL.exec(line); m; m = STRING_LITERAL.exec(line)) {
+      out += line.slice(last, m.index).replace(BARE_TOKEN, '"$&"') + m[0];
+      last = m.index + m[0].length;
+    }
+    return out + line.slice(last).replace(BARE_TOKEN, '"$&"');
+  }
+
   /** Check the fields every reader relies on; return an error message or null when valid. */
   function recordError(rec) {
     if (rec === null || typeof rec !== "object" || Array.isArray(rec)) return "a record is a JSON object";
@@ -58,15 +90,25 @@
     return null;
   }
 
-  /** Decode and validate one line (without its newline). Returns the record or throws an Error. */
-  function decodeLine(line) {
-    let raw;
+  function parseLine(line) {
     try {
-      raw = JSON.parse(line); // rejects bare NaN / Infinity tokens: they are not JSON
+      return JSON.parse(line);
     } catch (e) {
+      // Python's json.dumps writes bare NaN / Infinity: not JSON, read all the same (never written).
+      if (line.indexOf("NaN") >= 0 || line.indexOf("Infinity") >= 0) {
+        try {
+          return JSON.parse(quoteBareTokens(line));
+        } catch (e2) {
+          // fall through: the line is malformed for another reason
+        }
+      }
       throw new Error("not JSON: " + e.message);
     }
-    const rec = decodeNonFinite(raw);
+  }
+
+  /** Decode and validate one line (without its newline). Returns the record or throws an Error. */
+  function decodeLine(line) {
+    const rec = normalizeRecord(decodeNonFinite(parseLine(line)));
     const err = recordError(rec);
     if (err) throw new Error(err);
     return rec;
@@ -115,5 +157,5 @@
     return { records, skipped, errors, rest, partial };
   }
 
-  return { NONFINITE, TEXT_KEYS, decodeNonFinite, decodeNumber, recordError, decodeLine, parseJsonl };
+  return { NONFINITE, TEXT_KEYS, decodeNonFinite, decodeNumber, normalizeRecord, quoteBareTokens, recordError, decodeLine, parseJsonl };
 });

@@ -1,4 +1,11 @@
-/* Debiased exponential moving average, as TensorBoard's scalar dashboard computes it. */
+/* Debiased exponential moving average, as TensorBoard's scalar dashboard computes it.
+ *
+ * Exact smoothing needs every step: an EMA over downsampled points weighs each kept point for the
+ * whole bucket it stands for (the issue measured +9 % on loss, +45 % on grad norm at 0.99). The page
+ * smooths over every step when it holds them (rundata.js `smoothed`); for a zoom window of a run
+ * too long to hold, it fetches the window plus a lead-in of LEAD_IN_E / (1 - alpha) steps: the
+ * history before the lead-in then weighs alpha^lead-in <= e^-10 (4.5e-5) in the average.
+ */
 (function (root, factory) {
   "use strict";
   const api = factory();
@@ -47,5 +54,22 @@
     return true;
   }
 
-  return { emaDebiased };
+  const LEAD_IN_E = 10;
+
+  /** Steps of lead-in before a window for an EMA of weight `alpha` (0 when not smoothing). */
+  function leadInSteps(alpha) {
+    return alpha > 0 ? Math.ceil(LEAD_IN_E / (1 - Math.min(alpha, 0.999999)) - 1e-9) : 0;
+  }
+
+  /**
+   * Whether a window of every step from `windowStart`, trusted from `smoothFrom` on, gives the
+   * smoothed values for `alpha` within the bound: it starts at the run's first step (exact), or
+   * has at least leadInSteps(alpha) steps before `smoothFrom`.
+   */
+  function leadInOk(windowStart, smoothFrom, firstStep, alpha) {
+    if (firstStep !== null && windowStart <= firstStep) return true;
+    return smoothFrom - windowStart >= leadInSteps(alpha);
+  }
+
+  return { emaDebiased, LEAD_IN_E, leadInSteps, leadInOk };
 });

@@ -1,0 +1,401 @@
+/* Everything the page keeps of one run: a series per field, marks, events, headers, cursor. Pure.
+ *
+ * History (possibly downsampled) and live records merge by step (series.js). A resumed run's new
+ * segment (a header, then steps that go back) replaces the steps it repeats, as the server's
+ * history does: the latest segment wins. Marks are the writer's flags and non-finite values only;
+ * the page computes no spike rule of its own (alarms come as events, see alarms.js).
+ */
+(function (root, factory) {
+  "use strict";
+  const isNode = typeof module !== "undefined" && module.exports;
+  const deps = isNode
+    ? Object.assign({}, require("./schema.js"), require("./jsonl.js"), require("./series.js"), require("./smoothing.js"))
+    : root.GradmonLib;
+  const api = factory(deps);
+  if (isNode) module.exports = api;
+  else Object.assign((root.GradmonLib = root.GradmonLib || {}), api);
+})(typeof self !== "undefined" ? self : this, function (lib) {
+  "use strict";
+
+  // Step-record keys that are not curves: identity, bookkeeping, time, and flags (booleans, or 0/1
+  // from a server).
+  const NOT_CURVES = new Set(["type", ...lib.SCHEMA.NOT_SERIES, ...lib.SCHEMA.FLAG_FIELDS]);
+  const MARK_FLAGS = lib.SCHEMA.MARK_FLAGS;
+  const MAX_MARKS = 20000; // as the server's history
+  const MAX_EVENTS = 1000;
+  const MAX_ALARM_EVENTS = 5000;
+  const ALARM_KINDS = new Set(["alarm", "alarm_end", "abort"]);
+  const lowerBound = lib.lowerBound;
+
+  class RunData {
+    constructor(name, options) {
+      const opts = options || {};
+      this.name = name;
+      this.cap = opts.cap || lib.DEFAULT_CAP;
+      this.reset();
+    }
+
+    reset() {
+      this.series = new Map();
+      this.marks = new Map(); // "kind:step" (nonfinite: "nonfinite:field:step") -> {kind, step, field, value, sources}
+      this.events = []; // the latest events other than alarms
+      this.alarmEvents = []; // alarm, alarm_end and abort events, in file order
+      this.headers = [];
+      this.headerKeys = new Set();
+      this.newSegment = false; // a new header arrived: its first step cuts what the old segments logged after it
+      this.cursor = null;
+      this.exact = true; // the base series hold every step of the run (false when downsampled or decimated)
+      this.detail = null; // a window fetched on zoom: {start, end, exact, smoothFrom, series: Map}
+      this.ended = null;
+      this.layers = null; // the latest `layers` record (per-parameter top-k table), decoded
+      this.skippedLines = 0;
+      this.malformed = 0;
+      this.version = 0;
+      this.smoothCache = new Map();
+    }
+
+    get header() {
+      return this.headers.length ? this.headers[this.headers.length - 1] : null;
+    }
+
+    get maxNorm() {
+      const h = this.header;
+      return h && typeof h.max_norm === "number" && Number.isFinite(h.max_norm) ? h.max_norm : null;
+    }
+
+    get lastStep() {
+      let last = -Infinity;
+      for (const [name, s] of this.series) if (name !== "ts" && s.length) last = Math.max(last, s.steps[s.length - 1]);
+      return Number.isFinite(last) ? last : null;
+    }
+
+    get firstStep() {
+      let first = Infinity;
+      for (const [name, s] of this.series) if (name !== "ts" && s.length) first = Math.min(first, s.steps[0]);
+      return Number.isFinite(first) ? first : null;
+    }
+
+    /** Chartable field names (train fields bare, eval fields as "eval/<name>", system as "system/<name>"). */
+    fields() {
+      return Array.from(this.series.keys()).filter((f) => f !== "ts" && this.series.get(f).length > 0);
+    }
+
+    get(field) {
+      let s = this.series.get(field);
+      if (!s) {
+        // Decimating a train series makes the base no longer every step (exact smoothing needs it).
+        const onCompact = field.startsWith("eval/") || field.startsWith("system/") ? null : () => (this.exact = false);
+        s = new lib.Series(this.cap, onCompact);
+        this.series.set(field, s);
+      }
+      return s;
+    }
+
+    pointCount(field) {
+      const s = this.series.get(field);
+      return s ? s.length : 0;
+    }
+
+    /** The value of `field` at the last step that has it (null when none). */
+    lastValue(field) {
+      const s = this.series.get(field);
+      return s && s.length ? s.values[s.length - 1] : null;
+    }
+
+    _keep() {
+      return (step) => this.marks.has("spike:" + step) || this.marks.has("skip:" + step);
+    }
+
+    /** Whether a step carries a detector flag (spike or skip): left out of a chart's outlier range. */
+    flagged(step) {
+      return this.marks.has("spike:" + step) || this.marks.has("skip:" + step);
+    }
+
+    _put(field, step, value) {
+      this.get(field).put(step, value, this._keep());
+    }
+
+    addMark(kind, step, field, value, source) {
+      // One spike/skip mark per step; non-finite marks per field (loss and norm can both be NaN).
+      const key = kind === "nonfinite" ? "nonfinite:" + field + ":" + step : kind + ":" + step;
+      const m = this.marks.get(key);
+      if (m) {
+        if (!m.sources.includes(source)) m.sources.push(source);
+        if (m.value === undefined && value !== undefined) m.value = value;
+        return m;
+      }
+      if (this.marks.size >= MAX_MARKS) return null; // as the server: the first ones are kept
+      const mark = { kind, step, field, value, sources: [source] };
+      this.marks.set(key, mark);
+      return mark;
+    }
+
+    /** Marks of a kind ("spike", "nonfinite", "skip"), sorted by step. */
+    marksOf(kind) {
+      const out = [];
+      for (const m of this.marks.values()) if (m.kind === kind) out.push(m);
+      return out.sort((a, b) => a.step - b.step);
+    }
+
+    /** Take one decoded or wire record (non-finite strings are decoded here). Returns true if it changed data. */
+    ingestRecord(wire) {
+      const rec = lib.normalizeRecord(lib.decodeNonFinite(wire));
+      if (lib.recordError(rec)) {
+        this.skippedLines++;
+        return false;
+      }
+      this.version++;
+      switch (rec.type) {
+        case "step":
+          this._ingestStep(rec);
+          return true;
+        case "eval":
+        case "system":
+          if (typeof rec.step !== "number") return false;
+          for (const k of Object.keys(rec)) {
+            const v = rec[k];
+            if (typeof v !== "number" || NOT_CURVES.has(k)) continue;
+            this._put(rec.type + "/" + k, rec.step, v);
+          }
+          return true;
+        case "header":
+          this._addHeader(rec);
+          return true;
+        case "event":
+          this._ingestEvent(rec);
+          return true;
+        case "end":
+          this.ended = rec;
+          return true;
+        case "layers":
+          return this._setLayers(rec);
+        default:
+          return false; // unknown record types are ignored (forward compatibility)
+      }
+    }
+
+    /** A header seen again (a resubscribe resending it) is not a new segment. */
+    _addHeader(rec) {
+      const key = rec.run_id !== undefined ? String(rec.run_id) + "@" + rec.start_time : JSON.stringify(rec);
+      if (this.headerKeys.has(key)) return false;
+      this.headerKeys.add(key);
+      this.headers.push(rec);
+      this.ended = null;
+      this.newSegment = true;
+      return true;
+    }
+
+    /**
+     * Keep the latest `layers` record in file order (a resumed run's lower step still wins; records
+     * re-sent after a resubscribe end with the newest one again).
+     */
+    _setLayers(rec) {
+      if (!rec || !Array.isArray(rec.top)) return false;
+      this.layers = rec;
+      return true;
+    }
+
+    /**
+     * A new segment's first step: everything the older segments logged at or after it goes (the
+     * latest segment wins, docs/protocol.md), so a rolled-back run shows each step once.
+     */
+    truncateFrom(step) {
+      let changed = false;
+      for (const s of this.series.values()) changed = s.truncateFrom(step) || changed;
+      for (const [k, m] of this.marks) {
+        if (m.step >= step) {
+          this.marks.delete(k);
+          changed = true;
+        }
+      }
+      if (this.detail && this.detail.end >= step) this.detail = null;
+      return changed;
+    }
+
+    _ingestStep(rec) {
+      const step = rec.step;
+      if (this.newSegment) {
+        this.newSegment = false;
+        this.truncateFrom(step);
+      }
+      if (typeof rec.ts === "number") this._put("ts", step, rec.ts);
+      let nonfinite = false;
+      for (const k of Object.keys(rec)) {
+        const v = rec[k];
+        if (typeof v !== "number" || NOT_CURVES.has(k)) continue;
+        this._put(k, step, v);
+        if (!Number.isFinite(v)) {
+          this.addMark("nonfinite", step, k, v, "cell");
+          nonfinite = true;
+        }
+      }
+      const markField = "grad_norm" in rec ? "grad_norm" : "loss";
+      for (const [flag, kind] of MARK_FLAGS) {
+        if (rec[flag] === true && !(kind === "nonfinite" && nonfinite)) this.addMark(kind, step, markField, rec[markField], "cell");
+      }
+    }
+
+    _ingestEvent(rec) {
+      if (ALARM_KINDS.has(rec.kind)) {
+        this.alarmEvents.push(rec);
+        if (this.alarmEvents.length > MAX_ALARM_EVENTS) this.alarmEvents.shift();
+      } else {
+        this.events.push(rec);
+        if (this.events.length > MAX_EVENTS) this.events.shift();
+      }
+      if (typeof rec.step === "number" && (rec.kind === "spike" || rec.kind === "skip" || rec.kind === "nonfinite")) {
+        const value = typeof rec.grad_norm === "number" ? rec.grad_norm : undefined;
+        this.addMark(rec.kind, rec.step, "grad_norm", value, "event");
+      }
+    }
+
+    /**
+     * Replace everything with a whole-run /history response (see docs/protocol.md). `info` (the
+     * run's /api/runs entry) supplies first_ts/last_ts to place history steps in time when the
+     * response carries no `ts` series (linear between the first and last step).
+     */
+    loadHistory(resp, info) {
+      const keepSkipped = this.skippedLines;
+      this.reset();
+      this.skippedLines = keepSkipped;
+      this.cursor = resp.cursor || null;
+      for (const m of resp.marks || []) this.addMark(m.kind, m.step, m.field || "grad_norm", lib.decodeNumber(m.value), "server");
+      for (const h of resp.headers || []) this._addHeader(lib.decodeNonFinite(h));
+      this.newSegment = false; // the history already applied the latest-segment rule
+      for (const e of resp.events || []) this._ingestEvent(lib.decodeNonFinite(e));
+      const keep = this._keep();
+      const load = (prefix, group) => {
+        for (const name of Object.keys(group || {})) {
+          if (prefix === "" && NOT_CURVES.has(name) && name !== "ts") continue;
+          const s = group[name];
+          const values = lib.decodeArray(s.value);
+          this.get(prefix + name).setAll(s.step || [], values, keep);
+          (s.step || []).forEach((st, i) => {
+            if (!Number.isFinite(values[i])) this.addMark("nonfinite", st, prefix + name, values[i], "server");
+          });
+        }
+      };
+      this.exact = true;
+      load("", resp.series);
+      load("eval/", resp.eval);
+      load("system/", resp.system);
+      if (resp.exact === false) this.exact = false;
+      if (resp.layers) this._setLayers(lib.decodeNonFinite(resp.layers));
+      const ts = this.series.get("ts");
+      if ((!ts || !ts.length) && info && typeof info.first_ts === "number" && typeof info.last_ts === "number") {
+        const a = this.firstStep;
+        const b = this.lastStep;
+        if (a !== null && b !== null) this.get("ts").setAll(a === b ? [a] : [a, b], a === b ? [info.last_ts] : [info.first_ts, info.last_ts]);
+      }
+      this.malformed = typeof resp.malformed === "number" ? resp.malformed : 0;
+      this.version++;
+    }
+
+    /**
+     * Keep a window of a zoomed range (pass null to drop it). `smoothFrom`: the first step whose
+     * smoothed value is trusted (the window was fetched with a lead-in before it), when known.
+     */
+    setDetail(resp, smoothFrom) {
+      if (!resp) {
+        this.detail = null;
+        this.version++;
+        return;
+      }
+      const series = new Map();
+      const add = (prefix, group) => {
+        for (const name of Object.keys(group || {})) {
+          if (prefix === "" && NOT_CURVES.has(name) && name !== "ts") continue;
+          series.set(prefix + name, { start: resp.start, end: resp.end, steps: group[name].step || [], values: lib.decodeArray(group[name].value) });
+        }
+      };
+      add("", resp.series);
+      add("eval/", resp.eval);
+      add("system/", resp.system);
+      for (const m of resp.marks || []) this.addMark(m.kind, m.step, m.field || "grad_norm", lib.decodeNumber(m.value), "server");
+      const exact = resp.exact !== false;
+      this.detail = { start: resp.start, end: resp.end, exact, smoothFrom: exact ? smoothFrom : undefined, series };
+      this.version++;
+    }
+
+    /** The points to draw for `field`: the base series with the zoom window spliced in. */
+    view(field) {
+      const s = this.series.get(field);
+      const base = s ? { steps: s.steps, values: s.values } : { steps: [], values: [] };
+      const win = this.detail && this.detail.series.get(field);
+      return win && win.start !== undefined && win.end !== undefined ? lib.spliceWindow(base.steps, base.values, win) : base;
+    }
+
+    /**
+     * The smoothed curve of a train field: {steps, values, quality}. "exact": an EMA over every
+     * step of the run (the base holds them all, or a zoom window starting at the first step);
+     * "lead-in": over every step of a zoom window from `smoothFrom` on, the EMA started
+     * lib.LEAD_IN_E / (1 - alpha) steps earlier (smoothing.js bounds the error); "approx": over the
+     * points held (downsampled), shown as such on the chart.
+     */
+    smoothed(field, alpha) {
+      const d = this.detail;
+      const win = d && d.exact && d.series.get(field);
+      const key = [alpha, this.version, this.exact].join("|");
+      const hit = this.smoothCache.get(field);
+      if (hit && hit.key === key) return hit.out;
+      let out;
+      if (this.exact) {
+        const s = this.series.get(field) || { steps: [], values: [] };
+        out = { steps: s.steps, values: lib.emaDebiased(s.values, alpha), quality: "exact" };
+      } else if (win && d.smoothFrom !== undefined && lib.leadInOk(d.start, d.smoothFrom, this.firstStep, alpha)) {
+        const all = lib.emaDebiased(win.values, alpha);
+        const i = lowerBound(win.steps, d.smoothFrom);
+        const exact = d.start <= this.firstStep;
+        out = { steps: win.steps.slice(i), values: all.slice(i), quality: exact ? "exact" : "lead-in" };
+      } else {
+        const v = this.view(field);
+        out = { steps: v.steps, values: lib.emaDebiased(v.values, alpha), quality: "approx" };
+      }
+      this.smoothCache.set(field, { key, out });
+      return out;
+    }
+
+    /** Value of `field` at `step`: exact point, else the nearest one (flagged approx). */
+    valueAt(field, step) {
+      const v = this.view(field);
+      if (!v.steps.length) return null;
+      const i = lowerBound(v.steps, step);
+      if (v.steps[i] === step) return { step, value: v.values[i], exact: true };
+      let j = i >= v.steps.length ? v.steps.length - 1 : i;
+      if (i > 0 && i < v.steps.length && step - v.steps[i - 1] < v.steps[i] - step) j = i - 1;
+      return { step: v.steps[j], value: v.values[j], exact: false };
+    }
+
+    /** Wall time of `step` (Unix s), interpolated between known points; NaN when no times are known. */
+    tsAt(step) {
+      const s = this.series.get("ts");
+      if (!s || !s.length) return NaN;
+      const i = lowerBound(s.steps, step);
+      if (s.steps[i] === step) return s.values[i];
+      if (i === 0) return s.values[0] - (s.length > 1 ? (s.steps[0] - step) * lib.slope(s, 0) : 0);
+      if (i >= s.length) return s.values[s.length - 1] + (s.length > 1 ? (step - s.steps[s.length - 1]) * lib.slope(s, s.length - 2) : 0);
+      const f = (step - s.steps[i - 1]) / (s.steps[i] - s.steps[i - 1]);
+      return s.values[i - 1] + f * (s.values[i] - s.values[i - 1]);
+    }
+
+    /** Step at wall time `ts` (inverse of tsAt, for zoom ranges in time modes). */
+    stepAtTs(ts) {
+      const s = this.series.get("ts");
+      if (!s || !s.length) return NaN;
+      const i = lowerBound(s.values, ts);
+      if (i === 0) return s.steps[0];
+      if (i >= s.length) return s.steps[s.length - 1];
+      const f = (ts - s.values[i - 1]) / (s.values[i] - s.values[i - 1] || 1);
+      return s.steps[i - 1] + f * (s.steps[i] - s.steps[i - 1]);
+    }
+
+    /** Start time of the run (first header's start_time, else the first step's ts). */
+    get startTime() {
+      for (const h of this.headers) if (typeof h.start_time === "number") return h.start_time;
+      const s = this.series.get("ts");
+      return s && s.length ? s.values[0] : NaN;
+    }
+  }
+
+  return { NOT_CURVES, RunData };
+});
