@@ -208,3 +208,53 @@ def test_non_loopback_bind_always_gets_a_token():
     assert _resolve_token("10.1.2.3", "mine") == "mine"
     with pytest.raises(ValueError):
         _resolve_token("127.0.0.1", "")
+
+
+def _fuzz_targets() -> list[bytes]:
+    """Request targets a fuzzer sends: NUL, overlong, unicode (encoded and raw), repeated keys,
+    too many fields, broken escapes, netloc-like paths, on every route."""
+    many = "&".join(f"a{i}=1" for i in range(51))
+    queries = ["", "?%00", "?%00=%00", "?points=%00", "?points=1&points=2&points=3", "?" + many,
+               "?" + "&".join("points=5" for _ in range(60)), "?start=1_000", "?start=%D9%A3",
+               "?end=" + "9" * 5000, "?points=1e3", "?points=+5", "?=", "?&&&", "?token", "?%", "?%zz=1",
+               "?a=%ff%fe", "?" + "x" * 8000]
+    paths = ["/", "/index.html", "/api/runs", "/api/runs/exp1", "/api/runs/exp1/history", "/static/app.js",
+             "/ws", "/api/runs/%00", "/api/runs/%C3%A9/history", "/api/runs/%ff", "/static/%", "//[",
+             "//[x/api/runs", "//evil.example/api/runs", "/api/runs/exp1%2Fhistory", "/%2e%2e/%2e%2e",
+             "/api/runs/" + "a" * 8100, "/static/" + "%2e%2e/" * 50 + "etc/passwd"]
+    out = [(p + q).encode() for p in paths for q in queries]
+    out += [b"/api/runs/\xc3\xa9", b"/api/runs?x=\xff", b"/api/ runs", b"/api/runs\t", b"*",
+            b"http://127.0.0.1/api/runs", b"/api/runs#frag", b"/" + b"a" * 9000]
+    return out
+
+
+def _raw_status(port: int, target: bytes) -> int | None:
+    """Send ``GET target`` with these exact bytes; the response status, or None when the HTTP
+    parser closed the connection without an answer (not HTTP: raw non-ASCII bytes, a space)."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+        s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port)
+        data = b""
+        while b"\r\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                return None
+            data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+def test_url_fuzz_gets_4xx_and_never_a_traceback(served, caplog):
+    import logging
+    caplog.set_level(logging.WARNING)
+    statuses = {}
+    for target in _fuzz_targets():
+        statuses[target] = _raw_status(served.port, target)
+    bad = {t[:80]: s for t, s in statuses.items() if s is not None and not (s == 200 or 400 <= s < 500)}
+    assert not bad, bad
+    closed = [t for t, s in statuses.items() if s is None]
+    assert all(not t.isascii() or b" " in t or b"\t" in t for t in closed), closed  # only non-HTTP
+    assert statuses[b"/api/runs?" + "&".join(f"a{i}=1" for i in range(51)).encode()] == 400
+    assert statuses[b"//["] == 400 and statuses[b"/api/runs/exp1/history?start=1_000"] == 400
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], \
+        [r.getMessage()[:200] for r in caplog.records][:5]
+    _alive(served)

@@ -24,7 +24,6 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection
 from websockets.asyncio.server import serve as ws_serve
@@ -35,7 +34,16 @@ from gradmon.jsonl import RecordError, decode_line
 from gradmon.server import auth
 from gradmon.server.hub import CLIENT_QUEUE_BYTES, Client, dumps, records_message
 from gradmon.server.index import merge_series, series_from_lines
-from gradmon.server.responses import PAGE_CSP, HttpError, content_type, json_response, response, safe_relpath
+from gradmon.server.responses import (
+    PAGE_CSP,
+    HttpError,
+    content_type,
+    int_param,
+    json_response,
+    response,
+    safe_relpath,
+    split_target,
+)
 from gradmon.server.runs import Run, discover_runs
 from gradmon.server.tail import read_lines
 
@@ -60,20 +68,6 @@ _NOT_BUILT_PAGE = b"""<!doctype html><html><head><meta charset="utf-8"><title>gr
 assets are missing from <code>gradmon/static/</code>. Build them with <code>make dashboard</code>
 (needs npm) and reload this page.</p></body></html>
 """
-
-
-def _int_param(query: dict[str, list[str]], name: str, lo: int, hi: int) -> int | None:
-    values = query.get(name)
-    if not values or values[-1] == "":
-        return None
-    raw = values[-1]
-    try:
-        v = int(raw)
-    except ValueError:
-        raise HttpError(400, f"parameter {name!r} must be an integer, got {raw[:50]!r}") from None
-    if not lo <= v <= hi:
-        raise HttpError(400, f"parameter {name!r} must be in [{lo}, {hi}], got {v}")
-    return v
 
 
 class GradmonServer:
@@ -447,14 +441,9 @@ class GradmonServer:
 
     async def _route(self, request: Request, accept: str | None) -> Response | None:
         method = getattr(request, "method", "GET")
-        raw = request.path
-        if not raw.startswith("/") or len(raw) > 8192:
-            raise HttpError(400, "bad request target")
-        url = urlsplit(raw)
-        path = url.path
+        path, query = split_target(request.path)
         if method != "GET":
             raise HttpError(405, f"method {method} not allowed: the server is read-only", {"Allow": "GET"})
-        query = parse_qs(url.query, keep_blank_values=True, max_num_fields=50) if url.query else {}
         query_token = self._check_access(request, query)
         if path == "/ws":
             if not auth.origin_allowed(self._header(request, "Origin"), self._header(request, "Host")):
@@ -522,9 +511,9 @@ class GradmonServer:
         run = self.runs[name]
         if not history:
             return json_response(200, run.info(), accept_encoding=accept)
-        points = _int_param(query, "points", 4, MAX_POINTS) or DEFAULT_POINTS
-        start = _int_param(query, "start", -(2**62), 2**62)
-        end = _int_param(query, "end", -(2**62), 2**62)
+        points = int_param(query, "points", 4, MAX_POINTS) or DEFAULT_POINTS
+        start = int_param(query, "start", -(2**62), 2**62)
+        end = int_param(query, "end", -(2**62), 2**62)
         if start is not None and end is not None and start > end:
             raise HttpError(400, f"start ({start}) is after end ({end})")
         for _attempt in range(3):

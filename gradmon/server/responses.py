@@ -6,16 +6,23 @@ import email.utils
 import gzip
 import http
 import mimetypes
+import re
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
 from gradmon.server.hub import dumps
 
-__all__ = ["PAGE_CSP", "HttpError", "content_type", "json_response", "response", "safe_relpath"]
+__all__ = [
+    "MAX_QUERY_FIELDS", "MAX_TARGET", "PAGE_CSP", "HttpError", "content_type", "int_param", "json_response",
+    "response", "safe_relpath", "split_target",
+]
 
+MAX_TARGET = 8192  # bytes of a request target (path and query)
+MAX_QUERY_FIELDS = 50
+_INTEGER = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: int() would take "1_000" and "٣"
 _GZIP_MIN = 32 << 10  # compress JSON bodies above this size when the client accepts gzip
 
 # The page loads only its own assets; ECharts sets inline styles, hence 'unsafe-inline' for styles.
@@ -80,3 +87,31 @@ def safe_relpath(raw: str) -> str:
             or any(seg in ("", ".", "..") for seg in name.split("/"))):
         raise HttpError(400, f"invalid path: {raw[:200]!r}")
     return name
+
+
+def split_target(raw: str) -> tuple[str, dict[str, list[str]]]:
+    """The path and the parsed query of a request target; ``400`` for anything malformed (not
+    absolute, too long, a netloc that is not one, more than ``MAX_QUERY_FIELDS`` fields)."""
+    if not raw.startswith("/") or len(raw) > MAX_TARGET:
+        raise HttpError(400, "bad request target")
+    try:
+        url = urlsplit(raw)
+        query = parse_qs(url.query, keep_blank_values=True, max_num_fields=MAX_QUERY_FIELDS) \
+            if url.query else {}
+    except ValueError as exc:  # e.g. "//[" (an IPv6 netloc) or too many fields
+        raise HttpError(400, f"bad request target: {exc}") from None
+    return url.path, query
+
+
+def int_param(query: dict[str, list[str]], name: str, lo: int, hi: int) -> int | None:
+    """An optional integer query parameter (the last one given) in ``[lo, hi]``; ``400`` otherwise."""
+    values = query.get(name)
+    if not values or values[-1] == "":
+        return None
+    raw = values[-1]
+    if not _INTEGER.fullmatch(raw):
+        raise HttpError(400, f"parameter {name!r} must be an integer, got {raw[:50]!r}")
+    v = int(raw)
+    if not lo <= v <= hi:
+        raise HttpError(400, f"parameter {name!r} must be in [{lo}, {hi}], got {v}")
+    return v
