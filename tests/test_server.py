@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from test_server_helpers import (
     make_run,
     recv_json,
     recv_until,
+    stalled_client,
     step,
     wait_for,
 )
@@ -166,26 +166,10 @@ def test_new_run_appears_then_streams_from_its_start(logdir):
         asyncio.run(main())
 
 
-def _stalled_client(port):
-    """A WebSocket client that completes the handshake and then never reads, with a tiny receive
-    buffer so the server's sends stall quickly instead of after megabytes of kernel buffering."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.settimeout(15)
-    s.connect(("127.0.0.1", port))
-    s.sendall(b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n" % port)
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += s.recv(1)  # byte by byte: nothing after the handshake is read
-    assert head.startswith(b"HTTP/1.1 101")
-    return s
-
-
 def test_slow_client_does_not_delay_a_fast_one(logdir):
     path = make_run(logdir, "exp1", 1)
     with _server(logdir, client_queue_bytes=256 << 10) as h:
-        stalled = _stalled_client(h.port)
+        stalled = stalled_client(h.port)
 
         async def main():
             async with connect(_ws_url(h)) as fast:

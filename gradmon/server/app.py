@@ -57,6 +57,8 @@ DISCOVER_INTERVAL_S = 1.0
 POLL_MAX_BYTES = 256 << 10  # per run per tick: bounds the loop's time on a huge backlog (~20 ms)
 CATCH_UP_CHUNK = 1 << 20
 MAX_WS_MESSAGE = 256 << 10  # client → server frames; anything bigger closes that connection (1009)
+MAX_SUBSCRIBE_RUNS = 2_000  # runs one `subscribe` may name (discovery lists at most 2000 runs)
+MAX_ERROR_TEXT = 1_000  # characters of an `error` message's text
 DEFAULT_POINTS = 2000
 MAX_POINTS = 100_000
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -90,10 +92,12 @@ class GradmonServer:
         self._announced: set[str] = set()
         self.clients: set[Client] = set()
         self._tasks: list[asyncio.Task] = []
+        self._closing: set[asyncio.Task] = set()  # closing the connections of dropped clients
         self._server: Any = None
         self._static: dict[str, Path] = {}
         self._static_scanned = -math.inf
         self.requests = 0
+        self.dropped_clients = 0  # connections closed for abuse (not reading, garbage)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -143,7 +147,9 @@ class GradmonServer:
                 "marks": len(idx.marks), "events": len(idx.events),
             }
         return {"runs": runs, "clients": len(self.clients), "requests": self.requests,
-                "lagged": sum(c.lag_count for c in self.clients), "rss_bytes": _rss_bytes()}
+                "lagged": sum(c.lag_count for c in self.clients), "dropped": self.dropped_clients,
+                "max_queued_bytes": max((c.queued_bytes for c in self.clients), default=0),
+                "rss_bytes": _rss_bytes()}
 
     # ---- tailing and fan-out --------------------------------------------------------------
 
@@ -283,7 +289,7 @@ class GradmonServer:
     # ---- WebSocket ------------------------------------------------------------------------
 
     async def _ws_handler(self, ws: ServerConnection) -> None:
-        client = Client(ws.send, self.client_queue_bytes)
+        client = Client(ws.send, self.client_queue_bytes, lambda code, why: self._close_ws(ws, code, why))
         self.clients.add(client)
         for name in self._announced:
             run = self.runs[name]
@@ -293,10 +299,14 @@ class GradmonServer:
         try:
             async for message in ws:
                 self._on_client_message(client, message)
+                if client.dropped is not None:
+                    await ws.wait_closed()  # closed with its code by _close_ws (not 1000 on return)
+                    break
         except ConnectionClosed:
             pass
         finally:
             self.clients.discard(client)
+            self.dropped_clients += client.dropped is not None
             sender.cancel()
             for t in client.tasks:
                 t.cancel()
@@ -305,16 +315,34 @@ class GradmonServer:
         with contextlib.suppress(ConnectionClosed):
             await client.run_sender()
 
+    def _close_ws(self, ws: ServerConnection, code: int, reason: str) -> None:
+        """Close a dropped client's connection: a close frame when it reads, else (after a second)
+        the TCP connection is aborted."""
+        async def close() -> None:
+            try:
+                await asyncio.wait_for(ws.close(code, reason), 1.0)
+            except (asyncio.TimeoutError, ConnectionClosed, OSError):
+                ws.transport.abort()
+
+        task = asyncio.create_task(close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     def _error(self, client: Client, message: str) -> None:
-        client.push(dumps({"type": "error", "error": message}))
+        """Answer one bad client message with one bounded ``error``; close a client that keeps
+        sending them."""
+        if not client.allow_bad_message():
+            client.drop(1008, "too many bad messages")
+            return
+        client.push(dumps({"type": "error", "error": message[:MAX_ERROR_TEXT]}))
 
     def _on_client_message(self, client: Client, message: str | bytes) -> None:
         if isinstance(message, bytes):
             return self._error(client, "binary messages are not understood; send JSON text")
         try:
             msg = json.loads(message)
-        except ValueError as exc:
-            return self._error(client, f"message is not JSON: {exc}")
+        except (ValueError, RecursionError) as exc:
+            return self._error(client, f"message is not JSON: {str(exc)[:200]}")
         if not isinstance(msg, dict):
             return self._error(client, "a message is a JSON object")
         kind = msg.get("type")
@@ -323,13 +351,26 @@ class GradmonServer:
         runs = msg.get("runs")
         if not isinstance(runs, dict):
             return self._error(client, "'subscribe' needs 'runs': {run name: cursor or null}")
+        if len(runs) > MAX_SUBSCRIBE_RUNS:
+            return self._error(client, f"'subscribe' names {len(runs)} runs; at most {MAX_SUBSCRIBE_RUNS}")
+        unknown: list[str] = []
+        bad: list[str] = []
         for name, cur in runs.items():
-            self._subscribe(client, str(name), cur)
+            problem = self._subscribe(client, str(name), cur)
+            if problem is not None:
+                (unknown if problem == "unknown" else bad).append(str(name))
+        if unknown or bad:
+            self._error(client, "; ".join(
+                f"{what} ({len(names)}): {_names(names)}"
+                for what, names in (("unknown runs", unknown),
+                                    ("bad cursors, expected {gen, offset} or null, for runs", bad))
+                if names))
 
-    def _subscribe(self, client: Client, name: str, cur: Any) -> None:
+    def _subscribe(self, client: Client, name: str, cur: Any) -> str | None:
+        """Apply one run of a ``subscribe``; return what was wrong with it (``unknown``, ``cursor``)."""
         run = self.runs.get(name)
         if run is None or name not in self._announced:
-            return self._error(client, f"unknown run {name[:200]!r}")
+            return "unknown"
         client.held_back.discard(name)  # the stream restarts here
         if cur is None:
             client.pos[name] = (run.gen, run.offset)
@@ -338,7 +379,7 @@ class GradmonServer:
         if (not isinstance(cur, dict) or not isinstance(cur.get("gen"), str)
                 or not isinstance(cur.get("offset"), int) or isinstance(cur.get("offset"), bool)
                 or cur["offset"] < 0):
-            return self._error(client, f"bad cursor for run {name[:200]!r}: expected {{gen, offset}} or null")
+            return "cursor"
         if cur["gen"] != run.gen:
             client.pos[name] = (run.gen, run.offset)
             client.catching_up.discard(name)
@@ -568,6 +609,12 @@ class GradmonServer:
                 idx._add_marks_to(series, lo, hi)
         body["series"] = {n: {"step": s, "value": v} for n, (s, v) in series.items()}
         return body
+
+
+def _names(names: list[str], shown: int = 5) -> str:
+    """A bounded list of run names for an error message."""
+    out = ", ".join(repr(n[:100]) for n in names[:shown])
+    return out + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _on_line_boundary(path: str, offset: int) -> bool:

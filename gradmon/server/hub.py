@@ -1,9 +1,12 @@
 """Fan-out of messages to WebSocket clients, each with its own bounded queue.
 
 Producers never wait on a client: ``Client.push`` only appends to the client's queue, and each
-client has one sender task that drains it. A client whose queue exceeds its byte budget (it reads
-too slowly or not at all) loses its queued records and gets a ``lagged`` message per run instead,
-carrying the cursor where its stream continues; it never delays other clients nor grows memory.
+client has one sender task that drains it. Every message counts against the client's byte
+budget. A client whose queue exceeds it (it reads too slowly or not at all) loses its queued
+records and gets a ``lagged`` message per run instead, carrying the cursor where its stream
+continues; it never delays other clients nor grows memory. When the messages that cannot be
+dropped (``hello``, ``runs``, ``reset``, ``lagged``, ``error``) alone exceed the budget, the client
+is not reading at all: it is dropped (its queue freed, its connection closed).
 
 Each client tracks, per run, the cursor up to which it has been sent records (``pos``), and
 whether it follows the run live or is being caught up from the file (``catching_up``).
@@ -13,15 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import deque
 from collections.abc import Awaitable
 from typing import Any, Callable
 
 from gradmon.jsonl import to_jsonable
 
-__all__ = ["CLIENT_QUEUE_BYTES", "Client", "dumps", "records_message"]
+__all__ = ["BAD_MESSAGE_BURST", "CLIENT_QUEUE_BYTES", "Client", "dumps", "records_message"]
 
 CLIENT_QUEUE_BYTES = 8 << 20  # per-client backlog before it is dropped (lagged)
+# Bad client messages a connection may send in a burst, and how many more per second after that;
+# beyond, the connection is closed (1008): a client that keeps sending garbage costs nothing more.
+BAD_MESSAGE_BURST = 20
+BAD_MESSAGES_PER_S = 1.0
 
 
 def dumps(obj: Any) -> str:
@@ -41,9 +49,14 @@ def records_message(run: str, gen: str, prev: int, cursor: int, lines: list[byte
 class Client:
     """One WebSocket client: a bounded outgoing queue and its per-run stream positions."""
 
-    def __init__(self, send: Callable[[str], Awaitable[None]], max_bytes: int = CLIENT_QUEUE_BYTES) -> None:
+    def __init__(self, send: Callable[[str], Awaitable[None]], max_bytes: int = CLIENT_QUEUE_BYTES,
+                 drop: Callable[[int, str], None] | None = None) -> None:
         self._send = send
+        self._drop = drop  # closes the connection (code, reason); called once
+        self.dropped: str | None = None  # why the client was dropped
         self.max_bytes = max_bytes
+        self._bad_tokens = float(BAD_MESSAGE_BURST)
+        self._bad_time = time.monotonic()
         self._queue: deque[tuple[str, str | None]] = deque()  # (text, run if records)
         self.queued_bytes = 0
         self._wake = asyncio.Event()
@@ -56,18 +69,50 @@ class Client:
 
     def push(self, text: str, run: str | None = None) -> bool:
         """Queue a message (``run`` given for a ``records`` message of that run). Returns False when
-        the backlog overflowed: then queued records are dropped and ``lagged`` messages queued."""
-        # One message alone may exceed the budget (a big batch): only a backlog overflows.
-        if run is not None and self.queued_bytes and self.queued_bytes + len(text) > self.max_bytes:
-            self._lag(extra_run=run)
+        it was not queued: the backlog overflowed (queued records are then dropped and ``lagged``
+        messages queued) or the client was dropped."""
+        if self.dropped is not None:
             return False
+        # One message alone may exceed the budget (a big batch): only a backlog overflows.
+        if self.queued_bytes and self.queued_bytes + len(text) > self.max_bytes:
+            if run is not None:
+                self._lag(extra_run=run)
+                return False
+            if any(r is not None for _t, r in self._queue):  # records can be refetched: drop them first
+                self._lag(extra_run=None)
+            if self.queued_bytes + len(text) > self.max_bytes:
+                self.drop(1008, "not reading: too many messages queued")
+                return False
         self._queue.append((text, run))
         self.queued_bytes += len(text)
         self._wake.set()
         return True
 
-    def _lag(self, extra_run: str) -> None:
-        lagged = {extra_run}
+    def drop(self, code: int, reason: str) -> None:
+        """Give up on this client: free its queue and close its connection (once)."""
+        if self.dropped is not None:
+            return
+        self.dropped = reason
+        self._queue.clear()
+        self.queued_bytes = 0
+        self._wake.set()
+        if self._drop is not None:
+            self._drop(code, reason)
+
+    def allow_bad_message(self) -> bool:
+        """Count one bad message from the client; False once it has sent too many (a burst of
+        ``BAD_MESSAGE_BURST``, then ``BAD_MESSAGES_PER_S``)."""
+        now = time.monotonic()
+        self._bad_tokens = min(float(BAD_MESSAGE_BURST),
+                               self._bad_tokens + (now - self._bad_time) * BAD_MESSAGES_PER_S)
+        self._bad_time = now
+        if self._bad_tokens < 1.0:
+            return False
+        self._bad_tokens -= 1.0
+        return True
+
+    def _lag(self, extra_run: str | None) -> None:
+        lagged = {extra_run} if extra_run is not None else set()
         kept: deque[tuple[str, str | None]] = deque()
         for text, run in self._queue:
             if run is None:
@@ -92,10 +137,12 @@ class Client:
 
     async def run_sender(self) -> None:
         """Send queued messages in order, forever (cancelled when the connection ends)."""
-        while True:
+        while self.dropped is None:
             while not self._queue:
                 self._wake.clear()
                 await self._wake.wait()
+                if self.dropped is not None:
+                    return
             text, _run = self._queue.popleft()
             self.queued_bytes -= len(text)
             await self._send(text)
