@@ -13,6 +13,7 @@ import time
 
 import pytest
 from test_server_helpers import (
+    DEADLINE_S,
     StreamFollower,
     append,
     get_json,
@@ -20,13 +21,14 @@ from test_server_helpers import (
     make_run,
     recv_json,
     recv_until,
-    stalled_client,
     step,
     wait_for,
 )
 from websockets.asyncio.client import connect
 
+from benchmarks.ws_clients import stalled_client
 from gradmon.server import start_server
+from gradmon.server.app import POLL_MAX_BYTES, GradmonServer
 
 
 @pytest.fixture
@@ -325,3 +327,64 @@ def test_backlog_read_at_start_is_not_streamed_but_ends_with_one_lagged(logdir):
                 await recv_until(ws, lambda m: follow.feed(m) and 20_001 in follow.steps("exp1"))
                 assert follow.steps("exp1") == [20_001]
         asyncio.run(main())
+
+
+class _GatedPool:
+    """A worker pool whose calls wait for the test to open the gate (then run in the caller's thread)."""
+
+    def __init__(self):
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def call(self, fn, arg):
+        self.entered.set()
+        assert self.gate.wait(DEADLINE_S)
+        return fn(arg)
+
+
+def test_history_work_does_not_hold_the_event_loop(logdir):
+    """While a history answer is being computed (held in the worker here), live records keep
+    arriving and other requests are answered (#14 D)."""
+    path = make_run(logdir, "exp1", 3000)
+    pool = _GatedPool()
+    with _server(logdir, workers=pool) as h:
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                info = (await recv_json(ws))["runs"][0]
+                follow = StreamFollower({"exp1": info["cursor"]})
+                zoom = asyncio.create_task(asyncio.to_thread(
+                    get_json, h.port, "/api/runs/exp1/history?start=100&end=2100&points=400"))
+                assert await asyncio.to_thread(pool.entered.wait, DEADLINE_S)
+                append(path, [step(3001), step(3002)])
+                await recv_until(ws, lambda m: follow.feed(m) and 3002 in follow.steps("exp1"))
+                assert (await asyncio.to_thread(get_json, h.port, "/api/runs"))[0] == 200
+                assert not zoom.done()
+                pool.gate.set()
+                status, hist = await zoom
+                assert status == 200 and hist["series"]["loss"]["step"][0] == 100
+        asyncio.run(main())
+
+
+def test_indexing_yields_to_the_loop_after_each_bounded_slice(logdir):
+    """Two big backlogs are read one bounded slice at a time, the loop serving everything else
+    between two slices (#14 D): never more than POLL_MAX_BYTES is indexed without a yield
+    (the lines here are ~110 bytes)."""
+    paths = [make_run(logdir, name, 20_000) for name in ("a", "b")]
+
+    async def main():
+        server = GradmonServer(logdir, port=0)
+        await server.start()
+        try:
+            runs = [server.runs["a"], server.runs["b"]]
+            offsets = [r.offset for r in runs]
+            most = 0
+            while any(r.indexing for r in runs):
+                await asyncio.sleep(0)
+                now = [r.offset for r in runs]
+                most = max(most, sum(now) - sum(offsets))
+                offsets = now
+            assert sum(offsets) == sum(p.stat().st_size for p in paths)
+            assert 0 < most <= POLL_MAX_BYTES + 200  # (+ the partial line a slice ended in)
+        finally:
+            await server.close()
+    asyncio.run(main())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -113,26 +112,3 @@ class StreamFollower:
 
     def steps(self, run: str) -> list[int]:
         return [r["step"] for r in self.records[run] if r["type"] == "step"]
-
-
-def stalled_client(port: int, rcvbuf: int = 4096) -> socket.socket:
-    """A WebSocket client that completes the handshake and then never reads, with a tiny receive
-    buffer so the server's sends stall quickly instead of after megabytes of kernel buffering."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    s.settimeout(15)
-    s.connect(("127.0.0.1", port))
-    s.sendall(b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n" % port)
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += s.recv(1)  # byte by byte: nothing after the handshake is read
-    assert head.startswith(b"HTTP/1.1 101")
-    return s
-
-
-def send_text_frame(sock: socket.socket, text: str) -> None:
-    """Send one masked WebSocket text frame on a raw socket (see :func:`stalled_client`)."""
-    from websockets.frames import Frame, Opcode
-
-    sock.sendall(Frame(Opcode.TEXT, text.encode()).serialize(mask=True))

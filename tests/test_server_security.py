@@ -16,14 +16,13 @@ from test_server_helpers import (
     recv_json,
     recv_until,
     request,
-    send_text_frame,
-    stalled_client,
     step,
     wait_for,
 )
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from benchmarks.ws_clients import send_text_frame, stalled_client
 from gradmon.server import start_server
 from gradmon.server.app import _resolve_token
 

@@ -1,11 +1,14 @@
 """The server: HTTP routes and the WebSocket stream on one port (``websockets`` asyncio API).
 
 Everything runs on one asyncio loop: a tail task polls every run's file with ``os.stat`` every
-``poll_interval`` (20 ms: one stat per run per tick; a stat costs ~1 µs, so even 100 runs cost
-well under 1% of a core, and no inotify is needed for a ≤ 50 ms flush-to-browser latency); a
-discovery task rescans the log root every ``discover_interval`` (1 s) for new runs and status
-changes. History requests are answered from each run's index (``index.RunIndex``), reading the
-file back only for zoomed ranges, in a worker thread.
+``poll_interval`` (20 ms: one stat per run per tick, so no inotify is needed for a ≤ 50 ms
+flush-to-browser latency); a discovery task rescans the log root every ``discover_interval``
+(1 s) for new runs and status changes. Nothing on the loop may take long, so that live pushes
+never wait: a backlog (a big file read at start) is indexed one bounded slice at a time with a
+yield after each, and history answers are planned on the loop from each run's index
+(``index.RunIndex``) but read back, decoded and encoded in a worker process (``history``,
+``worker``). Records go to every client that keeps up in one ``broadcast`` (no task switch per
+client); the others get them through their queue (``hub.Client``).
 
 No-gap/no-duplicate streaming: every ``records`` message carries ``prev`` and ``cursor`` (the
 file positions before and after its records), and a history response's ``cursor`` is always a
@@ -25,20 +28,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from websockets.asyncio.server import ServerConnection
+from websockets.asyncio.server import ServerConnection, broadcast
 from websockets.asyncio.server import serve as ws_serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from gradmon.jsonl import RecordError, decode_line
 from gradmon.server import auth
+from gradmon.server.history import HistoryOptions, answer, build_job
 from gradmon.server.hub import CLIENT_QUEUE_BYTES, Client, dumps, records_message
-from gradmon.server.index import merge_series, series_from_lines
 from gradmon.server.responses import (
     PAGE_CSP,
     HttpError,
+    accepts_gzip,
     content_type,
-    int_param,
+    encoded_json_response,
     json_response,
     response,
     safe_relpath,
@@ -46,6 +50,7 @@ from gradmon.server.responses import (
 )
 from gradmon.server.runs import Run, discover_runs
 from gradmon.server.tail import read_lines
+from gradmon.server.worker import WorkerPool, shared_pool
 
 __all__ = ["DEFAULT_PORT", "GradmonServer", "ServerHandle", "serve", "start_server"]
 
@@ -54,13 +59,11 @@ log = logging.getLogger("gradmon.server")
 DEFAULT_PORT = 8686
 POLL_INTERVAL_S = 0.02
 DISCOVER_INTERVAL_S = 1.0
-POLL_MAX_BYTES = 256 << 10  # per run per tick: bounds the loop's time on a huge backlog (~20 ms)
+POLL_MAX_BYTES = 64 << 10  # per run per tick: bounds each slice of the loop's work on a backlog
 CATCH_UP_CHUNK = 1 << 20
 MAX_WS_MESSAGE = 256 << 10  # client → server frames; anything bigger closes that connection (1009)
 MAX_SUBSCRIBE_RUNS = 2_000  # runs one `subscribe` may name (discovery lists at most 2000 runs)
 MAX_ERROR_TEXT = 1_000  # characters of an `error` message's text
-DEFAULT_POINTS = 2000
-MAX_POINTS = 100_000
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 _NOT_BUILT_PAGE = b"""<!doctype html><html><head><meta charset="utf-8"><title>gradmon</title></head>
@@ -78,7 +81,8 @@ class GradmonServer:
     def __init__(self, logdir: str | os.PathLike, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  token: str | None = None, *, poll_interval: float = POLL_INTERVAL_S,
                  discover_interval: float = DISCOVER_INTERVAL_S, static_dir: Path | None = None,
-                 client_queue_bytes: int = CLIENT_QUEUE_BYTES, poll_max_bytes: int = POLL_MAX_BYTES) -> None:
+                 client_queue_bytes: int = CLIENT_QUEUE_BYTES, poll_max_bytes: int = POLL_MAX_BYTES,
+                 workers: WorkerPool | None = None) -> None:
         self.root = os.path.realpath(os.fspath(logdir))
         self.host = host
         self.port = port
@@ -88,6 +92,7 @@ class GradmonServer:
         self.static_dir = Path(static_dir) if static_dir is not None else STATIC_DIR
         self.client_queue_bytes = client_queue_bytes
         self.poll_max_bytes = poll_max_bytes
+        self.workers = workers if workers is not None else shared_pool()
         self.runs: dict[str, Run] = {}
         self._announced: set[str] = set()
         self.clients: set[Client] = set()
@@ -109,6 +114,7 @@ class GradmonServer:
         self._server = await ws_serve(
             self._ws_handler, self.host, self.port, process_request=self._process_request,
             max_size=MAX_WS_MESSAGE, max_queue=16, logger=logging.getLogger("gradmon.server.ws"),
+            compression=None,  # per-connection deflate would double the CPU of each fan-out
         )
         sock = next(iter(self._server.sockets))
         self.port = sock.getsockname()[1]
@@ -156,14 +162,14 @@ class GradmonServer:
     async def _tail_loop(self) -> None:
         while True:
             busy = False
-            tick = time.monotonic()
             for run in list(self.runs.values()):
                 if self.runs.get(run.name) is not run:
                     continue
-                busy |= self._poll_run(run, self.poll_max_bytes)
-                if time.monotonic() - tick > 0.05:  # let the network side breathe
+                if self._poll_run(run, self.poll_max_bytes):
+                    # One slice of a backlog (a big file being indexed): let the senders, the
+                    # requests and the other runs go before the next slice.
+                    busy = True
                     await asyncio.sleep(0)
-                    tick = time.monotonic()
             await asyncio.sleep(0 if busy else self.poll_interval)
 
     def _poll_run(self, run: Run, max_bytes: int) -> bool:
@@ -218,6 +224,7 @@ class GradmonServer:
             for c in self.clients:
                 c.pos[run.name] = (batch.gen, batch.prev)
         text: str | None = None
+        direct: list[Client] = []
         for c in self.clients:
             if run.name in c.catching_up:
                 continue
@@ -234,7 +241,14 @@ class GradmonServer:
             if text is None:
                 text = records_message(run.name, batch.gen, batch.prev, batch.cursor, batch.lines)
             c.pos[run.name] = (batch.gen, batch.cursor)
-            c.push(text, run.name)
+            if c.can_write_now():
+                direct.append(c)
+            else:
+                c.push(text, run.name)
+        if direct:  # framed and written once per connection, no task switch per client
+            broadcast([c.connection for c in direct], text)
+            for c in direct:
+                c.sent += 1
         if batch.status_changing and run.update_status():
             self._broadcast_runs()
 
@@ -289,7 +303,7 @@ class GradmonServer:
     # ---- WebSocket ------------------------------------------------------------------------
 
     async def _ws_handler(self, ws: ServerConnection) -> None:
-        client = Client(ws.send, self.client_queue_bytes, lambda code, why: self._close_ws(ws, code, why))
+        client = Client(ws.send, self.client_queue_bytes, lambda code, why: self._close_ws(ws, code, why), ws)
         self.clients.add(client)
         for name in self._announced:
             run = self.runs[name]
@@ -552,63 +566,15 @@ class GradmonServer:
         run = self.runs[name]
         if not history:
             return json_response(200, run.info(), accept_encoding=accept)
-        points = int_param(query, "points", 4, MAX_POINTS) or DEFAULT_POINTS
-        start = int_param(query, "start", -(2**62), 2**62)
-        end = int_param(query, "end", -(2**62), 2**62)
-        if start is not None and end is not None and start > end:
-            raise HttpError(400, f"start ({start}) is after end ({end})")
+        options = HistoryOptions.from_query(query)
         for _attempt in range(3):
-            body = await self._history(run, points, start, end)
-            if body is not None:
-                return json_response(200, body, accept_encoding=accept)
+            idx = run.index
+            job = build_job(run, options, accepts_gzip(accept))
+            # Reading, decoding and encoding run in a worker process: live pushes do not wait.
+            body, gzipped = await asyncio.to_thread(self.workers.call, answer, job)
+            if run.gen == job.body["cursor"]["gen"] and run.index is idx:
+                return encoded_json_response(200, body, gzipped)
         raise HttpError(409, "the run's file keeps being replaced; retry")
-
-    async def _history(self, run: Run, points: int, start: int | None, end: int | None) -> dict | None:
-        """The history response, or None when the file was reset while it was being read."""
-        lo = -math.inf if start is None else start
-        hi = math.inf if end is None else end
-        idx = run.index
-        cursor = run.cursor()
-        plan = idx.plan_history(lo, hi, points, cursor["offset"])
-        # Everything but a file read is taken now, consistent with the cursor.
-        body: dict[str, Any] = {
-            "run": run.name,
-            "cursor": cursor,
-            "exact": plan.kind == "exact",
-            "start": start if start is not None else idx.min_step,
-            "end": end if end is not None else idx.max_step,
-            "points": points,
-            "eval": idx.eval_in(lo, hi),
-            "system": idx.system_in(lo, hi, points),
-            "layers": idx.layers,
-            "marks": idx.marks_in(lo, hi),
-            "events": idx.events_in(lo, hi),
-            "headers": list(idx.headers),
-            "malformed": idx.malformed,
-            "marks_dropped": idx.marks_dropped,
-            "events_dropped": idx.events_dropped,
-        }
-        series = plan.series
-        if plan.kind == "pyramid" and plan.edges:
-            edge_series = []
-            for lo_b, hi_b, s_lo, s_hi in plan.edges:  # each: first/last/min/max of the steps kept
-                lines = await asyncio.to_thread(read_lines, run.path, lo_b, min(hi_b, cursor["offset"]))
-                edge_series.append(series_from_lines(lines, s_lo, s_hi, 4)[0])
-            if run.gen != cursor["gen"] or run.index is not idx:
-                return None
-            for extra in edge_series:
-                merge_series(series, extra)
-        if plan.kind != "pyramid":
-            hi_byte = min(plan.byte_hi, cursor["offset"])
-            lines = await asyncio.to_thread(read_lines, run.path, plan.byte_lo, hi_byte)
-            if run.gen != cursor["gen"] or run.index is not idx:
-                return None
-            series, exact = series_from_lines(lines, lo, hi, points, plan.byte_lo, plan.cutoffs)
-            body["exact"] = exact
-            if not exact:
-                idx._add_marks_to(series, lo, hi)
-        body["series"] = {n: {"step": s, "value": v} for n, (s, v) in series.items()}
-        return body
 
 
 def _names(names: list[str], shown: int = 5) -> str:

@@ -23,9 +23,14 @@ from typing import Any, Callable
 
 from gradmon.jsonl import to_jsonable
 
-__all__ = ["BAD_MESSAGE_BURST", "CLIENT_QUEUE_BYTES", "Client", "dumps", "records_message"]
+__all__ = [
+    "BAD_MESSAGE_BURST", "CLIENT_QUEUE_BYTES", "DIRECT_WRITE_LIMIT", "Client", "dumps", "records_message",
+]
 
 CLIENT_QUEUE_BYTES = 8 << 20  # per-client backlog before it is dropped (lagged)
+# A message is written to a connection at once (no queue, no task switch) while the bytes its
+# socket has not taken yet stay below this; above, it waits in the client's queue.
+DIRECT_WRITE_LIMIT = 64 << 10
 # Bad client messages a connection may send in a burst, and how many more per second after that;
 # beyond, the connection is closed (1008): a client that keeps sending garbage costs nothing more.
 BAD_MESSAGE_BURST = 20
@@ -50,8 +55,9 @@ class Client:
     """One WebSocket client: a bounded outgoing queue and its per-run stream positions."""
 
     def __init__(self, send: Callable[[str], Awaitable[None]], max_bytes: int = CLIENT_QUEUE_BYTES,
-                 drop: Callable[[int, str], None] | None = None) -> None:
+                 drop: Callable[[int, str], None] | None = None, connection: Any = None) -> None:
         self._send = send
+        self.connection = connection  # the websockets connection, for direct writes (broadcast)
         self._drop = drop  # closes the connection (code, reason); called once
         self.dropped: str | None = None  # why the client was dropped
         self.max_bytes = max_bytes
@@ -87,6 +93,13 @@ class Client:
         self.queued_bytes += len(text)
         self._wake.set()
         return True
+
+    def can_write_now(self) -> bool:
+        """Whether a message may bypass the queue (``websockets.broadcast``): nothing queued before
+        it (a message the sender took is on the socket already) and the socket keeps up."""
+        if self._queue or self.dropped is not None or self.connection is None:
+            return False
+        return self.connection.transport.get_write_buffer_size() < DIRECT_WRITE_LIMIT
 
     def drop(self, code: int, reason: str) -> None:
         """Give up on this client: free its queue and close its connection (once)."""

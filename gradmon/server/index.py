@@ -742,18 +742,20 @@ class RunIndex:
                       end: float) -> None:
         """Put every mark's point into its series (so no spike or NaN is ever sampled away)."""
         extra: dict[str, list[tuple[int, float]]] = {}
-        for step, _kind, name, value in self._visible_marks(start, end):
+        for step, _kind, name, value in self.visible_marks(start, end):
             if value is not None and name in series:
                 extra.setdefault(name, []).append((step, value))
         merge_series(series, {n: ([p[0] for p in pts], [p[1] for p in pts]) for n, pts in extra.items()})
 
-    def _visible_marks(self, start: float, end: float) -> list[tuple[int, str, str, float]]:
+    def visible_marks(self, start: float, end: float) -> list[tuple[int, str, str, float]]:
+        """``(step, kind, field, value)`` of the marks with steps in ``[start, end]`` that no later
+        segment overrides."""
         cut = self.cutoffs()
         return [m for m, k in zip(self.marks, self._mark_seg) if start <= m[0] <= end and m[0] < cut[k]]
 
     def marks_in(self, start: float, end: float) -> list[dict]:
         return [{"step": s, "kind": k, "field": f, "value": v}
-                for s, k, f, v in self._visible_marks(start, end)]
+                for s, k, f, v in self.visible_marks(start, end)]
 
     def eval_in(self, start: float, end: float) -> dict[str, dict[str, list]]:
         out = {}

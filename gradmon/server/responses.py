@@ -16,8 +16,9 @@ from websockets.http11 import Response
 from gradmon.server.hub import dumps
 
 __all__ = [
-    "MAX_QUERY_FIELDS", "MAX_TARGET", "PAGE_CSP", "HttpError", "content_type", "int_param", "json_response",
-    "response", "safe_relpath", "split_target",
+    "MAX_QUERY_FIELDS", "MAX_TARGET", "PAGE_CSP", "HttpError", "accepts_gzip", "compress", "content_type",
+    "encoded_json_response", "int_param", "json_body", "json_response", "response", "safe_relpath",
+    "split_target",
 ]
 
 MAX_TARGET = 8192  # bytes of a request target (path and query)
@@ -41,17 +42,35 @@ class HttpError(Exception):
         self.headers = headers or {}
 
 
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    return bool(accept_encoding) and "gzip" in accept_encoding.lower()  # type: ignore[union-attr]
+
+
+def compress(body: bytes, gzip_ok: bool) -> tuple[bytes, bool]:
+    """``body`` gzip-compressed when the client accepts it and it is large enough to gain."""
+    if gzip_ok and len(body) >= _GZIP_MIN:
+        return gzip.compress(body, compresslevel=5), True
+    return body, False
+
+
+def json_body(obj: Any, gzip_ok: bool) -> tuple[bytes, bool]:
+    """Strict JSON bytes of ``obj`` (non-finite numbers as strings), compressed as :func:`compress`."""
+    return compress(dumps(obj).encode("utf-8"), gzip_ok)
+
+
 def response(status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None,
-             accept_encoding: str | None = None) -> Response:
-    """A complete HTTP response (the connection closes after it)."""
+             accept_encoding: str | None = None, gzipped: bool = False) -> Response:
+    """A complete HTTP response (the connection closes after it). ``gzipped``: ``body`` is
+    compressed already (see :func:`compress`); else it is compressed here when worth it."""
     h = Headers()
     h["Date"] = email.utils.formatdate(usegmt=True)
     h["Connection"] = "close"
     h["Content-Type"] = content_type
     h["X-Content-Type-Options"] = "nosniff"
     h["Referrer-Policy"] = "no-referrer"
-    if accept_encoding and "gzip" in accept_encoding.lower() and len(body) >= _GZIP_MIN:
-        body = gzip.compress(body, compresslevel=5)
+    if not gzipped:
+        body, gzipped = compress(body, accepts_gzip(accept_encoding))
+    if gzipped:
         h["Content-Encoding"] = "gzip"
         h["Vary"] = "Accept-Encoding"
     h["Content-Length"] = str(len(body))
@@ -60,13 +79,21 @@ def response(status: int, body: bytes, content_type: str, headers: dict[str, str
     return Response(status, http.HTTPStatus(status).phrase, h, body)
 
 
+JSON_TYPE = "application/json; charset=utf-8"
+
+
 def json_response(status: int, obj: Any, headers: dict[str, str] | None = None,
                   accept_encoding: str | None = None) -> Response:
     """A strict-JSON response (non-finite numbers as strings), never cached."""
-    hdrs = {"Cache-Control": "no-store"}
-    hdrs.update(headers or {})
-    return response(status, dumps(obj).encode("utf-8"), "application/json; charset=utf-8", hdrs,
-                    accept_encoding)
+    body, gzipped = json_body(obj, accepts_gzip(accept_encoding))
+    return encoded_json_response(status, body, gzipped, headers)
+
+
+def encoded_json_response(status: int, body: bytes, gzipped: bool,
+                          headers: dict[str, str] | None = None) -> Response:
+    """A JSON response from a body encoded already (:func:`json_body`), never cached."""
+    hdrs = {"Cache-Control": "no-store", **(headers or {})}
+    return response(status, body, JSON_TYPE, hdrs, gzipped=gzipped)
 
 
 def content_type(name: str) -> str:
