@@ -18,6 +18,7 @@ from gradmon.schema import INT_FIELDS, NUMBER_FIELDS, TEXT_KEYS
 
 __all__ = [
     "NONFINITE_STRINGS",
+    "STRICT_DECODER",
     "RecordError",
     "decode_line",
     "encode_record",
@@ -75,6 +76,11 @@ def _reject_constant(token: str) -> Any:
     raise RecordError(f"non-standard JSON token {token}")
 
 
+# RFC 8259 JSON: the bare tokens NaN / Infinity / -Infinity raise RecordError. (Strict about
+# control characters in strings too, so a value can never run past its line's end.)
+STRICT_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _decode_nonfinite(value: Any) -> Any:
     if isinstance(value, str):
         return NONFINITE_STRINGS.get(value, value)
@@ -117,7 +123,7 @@ def decode_line(line: str | bytes) -> dict[str, Any]:
         except UnicodeDecodeError as exc:
             raise RecordError(f"not UTF-8: {exc}") from None
     try:
-        raw = json.loads(line, parse_constant=_reject_constant)
+        raw = STRICT_DECODER.decode(line)
     except RecordError:
         raise
     except ValueError as exc:

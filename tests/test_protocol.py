@@ -6,7 +6,7 @@ import asyncio
 import json
 import math
 
-from test_server_helpers import make_run
+from server_helpers import make_run
 
 from gradmon.server.hub import Client, dumps, records_message
 from gradmon.server.runs import Run

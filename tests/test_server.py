@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from test_server_helpers import (
+from server_helpers import (
     DEADLINE_S,
     StreamFollower,
     append,

@@ -8,7 +8,7 @@ import http.client
 import json
 
 import pytest
-from test_server_helpers import (
+from server_helpers import (
     StreamFollower,
     append,
     get_json,

@@ -7,7 +7,7 @@ import asyncio
 import math
 
 import psutil
-from test_server_helpers import append, get_json, header, recv_json, step, wait_for
+from server_helpers import append, get_json, header, recv_json, step, wait_for
 from websockets.asyncio.client import connect
 
 from gradmon.server import start_server

@@ -8,7 +8,7 @@ import signal
 
 import psutil
 import pytest
-from test_server_helpers import make_run
+from server_helpers import make_run
 
 from gradmon.server import worker
 from gradmon.server.history import HistoryOptions, answer, build_job

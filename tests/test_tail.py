@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
 from gradmon.jsonl import encode_record
+from gradmon.lines import LineSplitter
 from gradmon.server.index import RunIndex
 from gradmon.server.runs import Run
-from gradmon.server.tail import FileTailer, LineSplitter, make_gen, read_lines
+from gradmon.server.tail import FileTailer, make_gen, read_lines
 
 
 def _step(i: int, **kw) -> str:
@@ -141,7 +143,7 @@ def test_run_skips_and_counts_malformed_lines_including_5mb_and_bare_nan(tmp_pat
         if not more:
             break
     assert run.index.malformed == 4
-    assert [r["step"] for b in batches for r in b.records] == [1, 5]
+    assert [json.loads(ln)["step"] for b in batches for ln in b.lines] == [1, 5]
     assert batches[-1].cursor == p.stat().st_size
     # the 5 MB line was never held whole: the splitter's buffer is capped
     assert run.tailer._split.max_line < len(huge)

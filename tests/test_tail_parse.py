@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradmon.jsonl import RecordError, decode_line, encode_record
+from gradmon.lines import LineSplitter
 from gradmon.server.parse import parse_lines
-from gradmon.server.tail import LineSplitter
 
 
 def _reference_lines(data: bytes, max_line: int) -> list[tuple[int, bytes | None]]:

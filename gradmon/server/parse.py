@@ -12,7 +12,6 @@ disagree on what a valid record is. Pure: no I/O.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -20,19 +19,14 @@ from operator import is_not
 from typing import Any
 
 # The field-type rules of ``validate_record``, checked here a column at a time.
-from gradmon.jsonl import RecordError, decode_line, validate_record
+from gradmon.jsonl import STRICT_DECODER, RecordError, decode_line, validate_record
 from gradmon.schema import INT_FIELDS, NUMBER_FIELDS
 
 __all__ = ["ParsedLines", "parse_lines"]
 
-
-def _reject_constant(token: str) -> None:
-    raise RecordError(f"non-standard JSON token {token}")
-
-
-# The same scanner ``json.loads(line, parse_constant=...)`` uses (strict: no control characters
-# in strings, so a value can never run past its line's end).
-_SCAN = json.JSONDecoder(parse_constant=_reject_constant).scan_once
+# The scanner of ``decode_line`` (strict: no control characters in strings, so a value can never
+# run past its line's end).
+_SCAN = STRICT_DECODER.scan_once
 
 try:  # optional: a C JSON parser about twice as fast as the stdlib's on metric lines
     from orjson import loads as _orjson_loads

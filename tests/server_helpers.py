@@ -1,4 +1,4 @@
-"""Helpers shared by the server tests (no tests here): run logs, raw HTTP, waiting on WS messages."""
+"""Helpers the server tests import (no tests here): run logs, raw HTTP, waiting on WS messages."""
 
 from __future__ import annotations
 
