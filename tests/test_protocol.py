@@ -10,6 +10,7 @@ from server_helpers import make_run
 
 from gradmon.server.hub import Client, dumps, records_message
 from gradmon.server.runs import Run
+from gradmon.server.stream import Action, RunStream
 
 
 def test_records_message_embeds_raw_strict_lines():
@@ -54,9 +55,9 @@ def test_client_queue_overflow_drops_backlog_and_sends_lagged_with_cursor():
 
         c = Client(send, max_bytes=1000)
         c.push(dumps({"type": "hello", "runs": []}))
-        c.pos["a"] = ("g", 0)
+        c.streams["a"] = RunStream("g", 0)
         for i in range(20):
-            c.pos["a"] = ("g", (i + 1) * 100)
+            assert c.streams["a"].on_batch("g", i * 100, (i + 1) * 100, indexing=False) is Action.SEND
             accepted = c.push(records_message("a", "g", i * 100, (i + 1) * 100, [b'{"type":"x"}' * 10]), "a")
             if not accepted:
                 break
@@ -68,7 +69,8 @@ def test_client_queue_overflow_drops_backlog_and_sends_lagged_with_cursor():
             await asyncio.sleep(0.001)
         task.cancel()
         assert sent[0]["type"] == "hello"  # non-records messages are never dropped
-        assert sent[-1] == {"type": "lagged", "run": "a", "cursor": {"gen": "g", "offset": c.pos["a"][1]}}
+        lagged_at = {"gen": "g", "offset": c.streams["a"].offset}
+        assert sent[-1] == {"type": "lagged", "run": "a", "cursor": lagged_at}
         assert all(m["type"] != "records" for m in sent)
     asyncio.run(main())
 
@@ -86,7 +88,7 @@ def test_every_message_counts_and_a_client_that_never_reads_is_dropped():
         dropped = []
         c = Client(lambda t: asyncio.sleep(0), max_bytes=1000,
                    drop=lambda code, why: dropped.append((code, why)))
-        c.pos["a"] = ("g", 0)
+        c.streams["a"] = RunStream("g", 0)
         assert c.push(records_message("a", "g", 0, 10, [b'{"type":"x"}' * 30]), "a")
         err = dumps({"type": "error", "error": "e" * 200})
         assert c.push(err) and c.push(err)

@@ -24,7 +24,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from benchmarks.ws_clients import send_text_frame, stalled_client
 from gradmon.server import start_server
-from gradmon.server.app import _resolve_token
+from gradmon.server.handle import resolve_token
 
 
 @pytest.fixture
@@ -211,14 +211,14 @@ def test_token_is_required_when_set(tmp_path):
 
 
 def test_non_loopback_bind_always_gets_a_token():
-    assert _resolve_token("127.0.0.1", None) is None
-    assert _resolve_token("localhost", None) is None
-    t = _resolve_token("0.0.0.0", None)
+    assert resolve_token("127.0.0.1", None) is None
+    assert resolve_token("localhost", None) is None
+    t = resolve_token("0.0.0.0", None)
     assert isinstance(t, str) and len(t) >= 24
-    assert _resolve_token("0.0.0.0", None) != t
-    assert _resolve_token("10.1.2.3", "mine") == "mine"
+    assert resolve_token("0.0.0.0", None) != t
+    assert resolve_token("10.1.2.3", "mine") == "mine"
     with pytest.raises(ValueError):
-        _resolve_token("127.0.0.1", "")
+        resolve_token("127.0.0.1", "")
 
 
 def _fuzz_targets() -> list[bytes]:

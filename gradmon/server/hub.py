@@ -8,8 +8,9 @@ continues; it never delays other clients nor grows memory. When the messages tha
 dropped (``hello``, ``runs``, ``reset``, ``lagged``, ``error``) alone exceed the budget, the client
 is not reading at all: it is dropped (its queue freed, its connection closed).
 
-Each client tracks, per run, the cursor up to which it has been sent records (``pos``), and
-whether it follows the run live or is being caught up from the file (``catching_up``).
+Each client keeps, per run, its stream state (``stream.RunStream``): the cursor up to which it has
+been sent records and whether it follows the run live, is caught up from the file, or is held
+back while the run is indexed.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from collections.abc import Awaitable
 from typing import Any, Callable
 
 from gradmon.jsonl import to_jsonable
+from gradmon.server.stream import Position, RunStream
 
 __all__ = [
-    "BAD_MESSAGE_BURST", "CLIENT_QUEUE_BYTES", "DIRECT_WRITE_LIMIT", "Client", "dumps", "records_message",
+    "BAD_MESSAGE_BURST", "CLIENT_QUEUE_BYTES", "DIRECT_WRITE_LIMIT", "Client", "dumps", "lagged_message",
+    "records_message", "reset_message",
 ]
 
 CLIENT_QUEUE_BYTES = 8 << 20  # per-client backlog before it is dropped (lagged)
@@ -42,7 +45,15 @@ def dumps(obj: Any) -> str:
     return json.dumps(to_jsonable(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def records_message(run: str, gen: str, prev: int, cursor: int, lines: list[bytes]) -> str:
+def reset_message(run: str, at: Position) -> str:
+    return dumps({"type": "reset", "run": run, "cursor": at.cursor()})
+
+
+def lagged_message(run: str, at: Position) -> str:
+    return dumps({"type": "lagged", "run": run, "cursor": at.cursor()})
+
+
+def records_message(run: str, gen: str | None, prev: int, cursor: int, lines: list[bytes]) -> str:
     """A ``records`` message built around the raw record lines (already strict JSON, validated
     by the tailer), so records are never decoded and re-encoded for sending."""
     head = dumps({"type": "records", "run": run, "prev": {"gen": gen, "offset": prev},
@@ -66,9 +77,7 @@ class Client:
         self._queue: deque[tuple[str, str | None]] = deque()  # (text, run if records)
         self.queued_bytes = 0
         self._wake = asyncio.Event()
-        self.pos: dict[str, tuple[str | None, int]] = {}  # run -> (gen, offset) sent up to
-        self.catching_up: set[str] = set()
-        self.held_back: set[str] = set()  # runs whose initial reading was not streamed (see app)
+        self.streams: dict[str, RunStream] = {}  # run name -> this client's stream of it
         self.tasks: set[asyncio.Task] = set()  # catch-up tasks, cancelled with the connection
         self.lag_count = 0
         self.sent = 0
@@ -136,8 +145,8 @@ class Client:
         self.queued_bytes = sum(len(t) for t, _ in kept)
         self.lag_count += 1
         for run in sorted(lagged):
-            gen, off = self.pos.get(run, (None, 0))
-            text = dumps({"type": "lagged", "run": run, "cursor": {"gen": gen, "offset": off}})
+            stream = self.streams.get(run)
+            text = lagged_message(run, stream.position if stream is not None else Position(None, 0))
             self._queue.append((text, None))
             self.queued_bytes += len(text)
         self._wake.set()

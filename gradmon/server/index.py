@@ -779,6 +779,12 @@ class RunIndex:
                 out.append(ev)
         return out
 
+    def stats(self) -> dict[str, Any]:
+        """Sizes of what the index holds (for ``GradmonServer.stats`` and benchmarks)."""
+        return {"records": self.records, "step_records": self.step_records, "malformed": self.malformed,
+                "levels": [lvl.size for lvl in self.levels], "fields": len(self.fields),
+                "marks": len(self.marks), "events": len(self.events)}
+
     def summary(self) -> dict[str, Any]:
         """The index's part of a run's ``/api/runs`` entry."""
         return {
