@@ -24,7 +24,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from benchmarks.ws_clients import send_text_frame, stalled_client
 from gradmon.server import start_server
-from gradmon.server.handle import resolve_token
+from gradmon.server.app import resolve_token
 
 
 @pytest.fixture

@@ -147,7 +147,7 @@ def test_run_skips_and_counts_malformed_lines_including_5mb_and_bare_nan(tmp_pat
     assert batches[-1].cursor == p.stat().st_size
     # the 5 MB line was never held whole: the splitter's buffer is capped
     assert run.tailer._split.max_line < len(huge)
-    assert run.index.marks == [(5, "nonfinite", "grad_norm", math.inf)]
+    assert run.index.steps.marks == [(5, "nonfinite", "grad_norm", math.inf)]
 
 
 def test_read_lines_reads_a_range_back(tmp_path):
@@ -162,9 +162,9 @@ def test_read_lines_reads_a_range_back(tmp_path):
     assert read_lines(str(tmp_path / "missing"), 0, 10) == []
 
 
-def test_index_add_line_counts_malformed():
+def test_index_counts_malformed_lines():
     idx = RunIndex()
-    assert idx.add_line(None, 0) is None
-    assert idx.add_line(b"[1,2]", 0) is None
-    assert idx.add_line(_step(1).encode(), 0)["step"] == 1
+    line = _step(1).rstrip("\n").encode()
+    parsed = idx.add_lines([(60, None), (66, b"[1,2]"), (67 + len(line), line)], 0)
+    assert [r["step"] for r in parsed.records] == [1] and parsed.offsets == [66]
     assert (idx.malformed, idx.records) == (2, 1)

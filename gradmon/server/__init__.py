@@ -17,18 +17,13 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["DEFAULT_PORT", "GradmonServer", "ServerHandle", "serve", "start_server"]
 
 if TYPE_CHECKING:
-    from gradmon.server.app import DEFAULT_PORT, GradmonServer
-    from gradmon.server.handle import ServerHandle, serve, start_server
+    from gradmon.server.app import DEFAULT_PORT, GradmonServer, ServerHandle, serve, start_server
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: `gradmon --help` and the CLI parser do not pay for importing websockets.
-    if name in ("DEFAULT_PORT", "GradmonServer"):
+    if name in __all__:
         from gradmon.server import app
 
         return getattr(app, name)
-    if name in __all__:
-        from gradmon.server import handle
-
-        return getattr(handle, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from gradmon.server.handle import serve
+    from gradmon.server.app import serve
 
     if not 0 <= args.port <= 65535:
         print(f"gradmon serve: --port must be in 0..65535, got {args.port}", file=sys.stderr)

@@ -28,7 +28,7 @@ __all__ = ["ParsedLines", "parse_lines"]
 # run past its line's end).
 _SCAN = STRICT_DECODER.scan_once
 
-try:  # optional: a C JSON parser about twice as fast as the stdlib's on metric lines
+try:  # optional: a faster C JSON parser (see benchmarks/README.md)
     from orjson import loads as _orjson_loads
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson_loads = None

@@ -174,6 +174,6 @@ class HttpRoutes:
             job = build_job(run, options, gzip_ok)
             # Reading, decoding and encoding run in a worker process: live pushes do not wait.
             body, gzipped = await asyncio.to_thread(self.server.workers.call, answer, job)
-            if run.gen == job.body["cursor"]["gen"] and run.index is idx:
+            if run.gen == job.cursor["gen"] and run.index is idx:
                 return encoded_json_response(200, body, gzipped)
         raise HttpError(409, "the run's file keeps being replaced; retry")
