@@ -175,72 +175,71 @@ def _abuse(srv: dict[str, Any], frames: int, peak: list[float], done: threading.
         done.set()
 
 
-def _abuse_case(settings: dict[str, Any], out_dir: str, log: Callable[[str], None]) -> dict[str, Any]:
-    tmp = tempfile.mkdtemp(prefix="gradmon-bench-abuse-")
-    out: dict[str, Any] = {"frames": settings["frames"]}
+@contextlib.contextmanager
+def _live_server(tag: str, out_dir: str) -> Iterator[tuple[dict[str, Any], Any, str]]:
+    """A fresh server on a temporary log root holding one live run; yields the server, the live
+    run's writer and a temporary directory; removes everything after."""
+    tmp = tempfile.mkdtemp(prefix=f"gradmon-bench-{tag}-")
+    writer = _writer(os.path.join(tmp, "logs", "live", "metrics.jsonl"))
+    writer.write(header("live"))
     try:
-        writer = _writer(os.path.join(tmp, "logs", "live", "metrics.jsonl"))
-        writer.write(header("live"))
-        with serve(os.path.join(tmp, "logs"), os.path.join(out_dir, "server-stress-abuse.log")) as srv:
-            step = 0
-            out["quiet"], step = _block(srv, writer, step, settings, tmp)  # warms the server up
-            out["rss_mb_before"] = _rss_mb(srv["pid"])
-            peak: list[float] = []
-            done = threading.Event()
-            abuser = threading.Thread(target=_abuse, args=(srv, settings["frames"], peak, done), daemon=True)
-
-            def probe(_rnd: random.Random) -> None:
-                http_get(srv["url"] + "/api/runs")
-                time.sleep(0.01)
-
-            with _repeat(probe) as http_times:
-                abuser.start()
-                out["abused"], step = _block(srv, writer, step, settings, tmp)
-                done.wait(timeout=300)
-            abuser.join(timeout=10)
-            time.sleep(settings["settle_s"])
-            out["rss_mb_peak"] = max(peak, default=None)
-            out["rss_mb_after"] = _rss_mb(srv["pid"])
-            out["rss_mb_after_minus_before"] = out["rss_mb_after"] - out["rss_mb_before"]
-            if http_times:
-                out["http_ms"] = latency_summary(http_times)
-        writer.close("finished")
-        log(f"  abuse: RSS {out['rss_mb_before']:.0f} -> peak {out['rss_mb_peak']} -> "
-            f"{out['rss_mb_after']:.0f} MB; healthy p99 {out['abused'].get('p99_ms')} ms")
+        with serve(os.path.join(tmp, "logs"), os.path.join(out_dir, f"server-stress-{tag}.log")) as srv:
+            yield srv, writer, tmp
     finally:
+        writer.close("finished")
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _abuse_case(settings: dict[str, Any], out_dir: str, log: Callable[[str], None]) -> dict[str, Any]:
+    out: dict[str, Any] = {"frames": settings["frames"]}
+    with _live_server("abuse", out_dir) as (srv, writer, tmp):
+        out["quiet"], step = _block(srv, writer, 0, settings, tmp)  # warms the server up
+        out["rss_mb_before"] = _rss_mb(srv["pid"])
+        peak: list[float] = []
+        done = threading.Event()
+        abuser = threading.Thread(target=_abuse, args=(srv, settings["frames"], peak, done), daemon=True)
+
+        def probe(_rnd: random.Random) -> None:
+            http_get(srv["url"] + "/api/runs")
+            time.sleep(0.01)
+
+        with _repeat(probe) as http_times:
+            abuser.start()
+            out["abused"], step = _block(srv, writer, step, settings, tmp)
+            done.wait(timeout=300)
+        abuser.join(timeout=10)
+        time.sleep(settings["settle_s"])
+        out["rss_mb_peak"] = max(peak, default=None)
+        out["rss_mb_after"] = _rss_mb(srv["pid"])
+        out["rss_mb_after_minus_before"] = out["rss_mb_after"] - out["rss_mb_before"]
+        if http_times:
+            out["http_ms"] = latency_summary(http_times)
+    log(f"  abuse: RSS {out['rss_mb_before']:.0f} -> peak {out['rss_mb_peak']} -> "
+        f"{out['rss_mb_after']:.0f} MB; healthy p99 {out['abused'].get('p99_ms')} ms")
     return out
 
 
 def _idle_clients(settings: dict[str, Any], out_dir: str, log: Callable[[str], None]) -> dict[str, Any]:
-    tmp = tempfile.mkdtemp(prefix="gradmon-bench-idle-")
     n = settings["idle"]
     out: dict[str, Any] = {"idle_clients": n}
-    try:
-        writer = _writer(os.path.join(tmp, "logs", "live", "metrics.jsonl"))
-        writer.write(header("live"))
-        with serve(os.path.join(tmp, "logs"), os.path.join(out_dir, "server-stress-idle.log")) as srv:
-            step = 0
-            out["rss_mb_before"] = _rss_mb(srv["pid"])
-            ready, stop = os.path.join(tmp, "idle-ready"), os.path.join(tmp, "idle-stop")
-            child = _start_clients(srv["ws"], n, time.time() + 60 + 0.3 * n, ready, stop,
-                                   os.path.join(tmp, "idle.json"), idle=True)
-            try:
-                deadline = time.monotonic() + 30 + 0.3 * n
-                while not os.path.exists(ready) and time.monotonic() < deadline and child.poll() is None:
-                    time.sleep(0.05)
-                if not os.path.exists(ready):
-                    return {**out, "error": "the idle clients did not all connect"}
-                out["rss_mb_connected"] = _rss_mb(srv["pid"])
-                out["healthy"], step = _block(srv, writer, step, settings, tmp)
-            finally:
-                open(stop, "w").close()
-                child.wait(timeout=60)
-        writer.close("finished")
-        log(f"  {n} idle clients: healthy p99 {out['healthy'].get('p99_ms')} ms, "
-            f"RSS {out['rss_mb_before']:.0f} -> {out['rss_mb_connected']:.0f} MB")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with _live_server("idle", out_dir) as (srv, writer, tmp):
+        out["rss_mb_before"] = _rss_mb(srv["pid"])
+        ready, stop = os.path.join(tmp, "idle-ready"), os.path.join(tmp, "idle-stop")
+        child = _start_clients(srv["ws"], n, time.time() + 60 + 0.3 * n, ready, stop,
+                               os.path.join(tmp, "idle.json"), idle=True)
+        try:
+            deadline = time.monotonic() + 30 + 0.3 * n
+            while not os.path.exists(ready) and time.monotonic() < deadline and child.poll() is None:
+                time.sleep(0.05)
+            if not os.path.exists(ready):
+                return {**out, "error": "the idle clients did not all connect"}
+            out["rss_mb_connected"] = _rss_mb(srv["pid"])
+            out["healthy"], _step = _block(srv, writer, 0, settings, tmp)
+        finally:
+            open(stop, "w").close()
+            child.wait(timeout=60)
+    log(f"  {n} idle clients: healthy p99 {out['healthy'].get('p99_ms')} ms, "
+        f"RSS {out['rss_mb_before']:.0f} -> {out['rss_mb_connected']:.0f} MB")
     return out
 
 
