@@ -388,3 +388,42 @@ def test_indexing_yields_to_the_loop_after_each_bounded_slice(logdir):
         finally:
             await server.close()
     asyncio.run(main())
+
+
+def test_logs_of_other_writers_are_served_as_step_records(logdir):
+    """A hand-written callback's log (#11): no header, no `type`, Python's json.dumps (bare NaN,
+    Infinity) — indexed as step records, and streamed as strict JSON with "type": "step"."""
+    path = logdir / "theirs" / "metrics.jsonl"
+    path.parent.mkdir(parents=True)
+
+    def write(step, loss):
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": step, "loss": loss, "lr": 1e-3, "throughput": 512.0}) + "\n")
+
+    for i in range(1, 6):
+        write(i, math.nan if i == 3 else 1.0 / i)
+    with _server(logdir) as h:
+        info = wait_for(lambda: get_json(h.port, "/api/runs/theirs")[1])
+        assert info["last_step"] == 5 and info["malformed"] == 0
+        assert info["fields"] == ["loss", "lr", "throughput"]
+        _, hist = get_json(h.port, "/api/runs/theirs/history")
+        assert hist["series"]["loss"] == {"step": [1, 2, 3, 4, 5], "value": [1.0, 0.5, "NaN", 0.25, 0.2]}
+        assert hist["marks"] == [{"step": 3, "kind": "nonfinite", "field": "loss", "value": "NaN"}]
+
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                follow = StreamFollower({"theirs": (await recv_json(ws))["runs"][0]["cursor"]})
+                write(6, math.inf)
+                while not follow.feed(_strict(await asyncio.wait_for(ws.recv(), DEADLINE_S))):
+                    pass
+                assert follow.records["theirs"] == [
+                    {"type": "step", "step": 6, "loss": "Infinity", "lr": 0.001, "throughput": 512.0}]
+        asyncio.run(main())
+
+
+def _strict(text):
+    """Parse as a browser does: a bare NaN/Infinity token is an error."""
+    def refuse(token):
+        raise AssertionError(f"bare {token} sent to a browser")
+    return json.loads(text, parse_constant=refuse)
+
