@@ -19,6 +19,7 @@ never reads, and 1,000 idle clients.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -58,12 +59,18 @@ def http_get(url: str, timeout: float = 60.0) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
+@functools.lru_cache(maxsize=1)
+def _logdir_is_an_option() -> bool:
+    """Whether ``gradmon serve`` takes the log directory as ``--logdir`` (asked once: a process)."""
+    help_text = subprocess.run([sys.executable, "-m", "gradmon", "serve", "--help"], capture_output=True,
+                               text=True, timeout=60).stdout
+    return "--logdir" in help_text
+
+
 def _serve_command(logdir: str, port: int) -> list[str]:
     """``gradmon serve`` with the log directory passed the way its parser wants it."""
-    base = [sys.executable, "-m", "gradmon", "serve"]
-    help_text = subprocess.run([*base, "--help"], capture_output=True, text=True, timeout=60).stdout
-    args = ["--logdir", logdir] if "--logdir" in help_text else [logdir]
-    return [*base, *args, "--host", "127.0.0.1", "--port", str(port)]
+    args = ["--logdir", logdir] if _logdir_is_an_option() else [logdir]
+    return [sys.executable, "-m", "gradmon", "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
 
 
 @contextlib.contextmanager
