@@ -237,11 +237,44 @@ def _server(sec: dict[str, Any]) -> str:
                 rows,
             )
         )
+    if sec.get("stress"):
+        out.append(_server_stress(sec["stress"]))
     for n in sec.get("notes", []):
         out.append(f"- {n}")
     if "error" in sec:
         out.append(f"_Failed: {sec['error']}_")
     return "\n".join(out) + "\n"
+
+
+def _server_stress(st: dict[str, Any]) -> str:
+    """Issue #14's table: live p99 under history load and indexing, abuse, idle clients."""
+    zoom, abuse, idle = st.get("zoom", {}), st.get("abuse", {}), st.get("idle", {})
+    z_ms = zoom.get("zoom_ms", {})
+
+    def p99(block: dict[str, Any], key: str = "p99_ms") -> str:
+        return _num(block.get(key), ".1f")
+
+    rows = [
+        ["quiet (median of block p99s)", p99(zoom.get("quiet", {}), "p99_ms_median"), "≤ 50", ""],
+        ["another client zooming on the big run", p99(zoom.get("zooming", {}), "p99_ms_median"), "≤ 50",
+         f"zoom p50 {_num(z_ms.get('p50_ms'), '.0f')} ms, {z_ms.get('n', '—')} zooms"],
+        ["while the big run is indexed", p99(zoom.get("indexing", {})), "≤ 50",
+         f"indexed in {_num(zoom.get('index_s'), '.1f')} s"],
+        ["a client floods bad subscribes, never reads", p99(abuse.get("abused", {})), "",
+         f"HTTP p99 {p99(abuse.get('http_ms', {}))} ms"],
+        [f"{idle.get('idle_clients', '—')} idle clients connected", p99(idle.get("healthy", {})), "≤ 100",
+         f"server RSS {_num(idle.get('rss_mb_before'), '.0f')} → "
+         f"{_num(idle.get('rss_mb_connected'), '.0f')} MB"],
+    ]
+    errors = [f"{k}: {v['error']}" for k, v in (("zoom", zoom), ("abuse", abuse), ("idle", idle))
+              if "error" in v]
+    rss = (f"\nServer RSS under the abuse: {_num(abuse.get('rss_mb_before'), '.0f')} MB before, "
+           f"{_num(abuse.get('rss_mb_peak'), '.0f')} MB at peak, {_num(abuse.get('rss_mb_after'), '.0f')} MB "
+           f"3 s after the client left (target: before + 10 MB).\n")
+    return ("\nLive pushes under load (flush → receive, one measuring client; "
+            f"big run: {zoom.get('big_steps', '—')} steps):\n\n"
+            + table(["while", "live p99 ms", "target", "note"], rows) + rss
+            + "".join(f"\n_Failed: {e}_\n" for e in errors))
 
 
 def _page(sec: dict[str, Any]) -> str:

@@ -10,11 +10,16 @@ History: 1M- and 10M-step run logs are generated once into ``benchmarks/out/bigr
 complete; the 10M one is ~2 GB and is skipped with a note when the disk has < 10 GB free) and
 served by a fresh server each; we time until ``/api/runs`` reports all records (load/index time),
 then ``/api/runs/<name>/history`` (first and repeated fetches, response size) and the server RSS.
+
+Stress (issue #14, :mod:`benchmarks.server_stress`): live latency while another client zooms on a
+2M-step run and while such a run is indexed, RSS under a client that floods bad subscribes and
+never reads, and 1,000 idle clients.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -54,12 +59,18 @@ def http_get(url: str, timeout: float = 60.0) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
+@functools.lru_cache(maxsize=1)
+def _logdir_is_an_option() -> bool:
+    """Whether ``gradmon serve`` takes the log directory as ``--logdir`` (asked once: a process)."""
+    help_text = subprocess.run([sys.executable, "-m", "gradmon", "serve", "--help"], capture_output=True,
+                               text=True, timeout=60).stdout
+    return "--logdir" in help_text
+
+
 def _serve_command(logdir: str, port: int) -> list[str]:
     """``gradmon serve`` with the log directory passed the way its parser wants it."""
-    base = [sys.executable, "-m", "gradmon", "serve"]
-    help_text = subprocess.run([*base, "--help"], capture_output=True, text=True, timeout=60).stdout
-    args = ["--logdir", logdir] if "--logdir" in help_text else [logdir]
-    return [*base, *args, "--host", "127.0.0.1", "--port", str(port)]
+    args = ["--logdir", logdir] if _logdir_is_an_option() else [logdir]
+    return [sys.executable, "-m", "gradmon", "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
 
 
 @contextlib.contextmanager
@@ -124,12 +135,12 @@ def _writer(path: str) -> Any:
 
 
 def _start_clients(
-    ws_url: str, clients: int, until: float, ready: str, stop: str, out: str
+    ws_url: str, clients: int, until: float, ready: str, stop: str, out: str, idle: bool = False
 ) -> subprocess.Popen:
     """Start ``clients`` real websockets clients in a child process (see :mod:`benchmarks.ws_clients`)."""
     cmd = [sys.executable, "-m", "benchmarks.ws_clients", "--url", ws_url, "--clients", str(clients),
            "--until", str(until), "--ready", ready, "--stop", stop, "--out", out]
-    return subprocess.Popen(cmd)
+    return subprocess.Popen(cmd + (["--idle"] if idle else []))
 
 
 def _latency_case(
@@ -322,5 +333,8 @@ def run_section(
             section["history"].append(_history_case(n, settings, out_dir, log))
         except Exception as exc:
             section["history"].append({"records": n, "error": f"{type(exc).__name__}: {exc}"})
+    from benchmarks.server_stress import run_stress
+
+    section["stress"] = run_stress(smoke, out_dir, log)
     section["about"] = (__doc__ or "").strip()
     return section

@@ -2,11 +2,15 @@
 
 ``python -m benchmarks.ws_clients --url ws://127.0.0.1:P/ws --clients N --until T --ready FILE --out FILE``
 
+``stalled_client`` / ``send_text_frame``: a raw client that never reads (the abuse of issue #14 B),
+for the benchmarks and the tests.
+
 Every client connects, waits for the server's ``hello``; when all have, ``FILE`` (``--ready``) is
-created so the writer can start. For each record carrying ``bench_wts`` (the writer's
-``time.time()`` at write) a client notes ``receive time - bench_wts``. At wall time ``T`` all
-clients close (or as soon as the ``--stop`` file exists) and the summary (counts and
-latency percentiles over all clients) is written.
+created so the writer can start. With ``--idle`` the clients read nothing after the ``hello``
+(open pages nobody looks at: the server still sends to them, the kernel buffers it). For each
+record carrying ``bench_wts`` (the writer's ``time.time()`` at write) a client notes ``receive
+time - bench_wts``. At wall time ``T`` all clients close (or as soon as the ``--stop`` file
+exists) and the summary (counts and latency percentiles over all clients) is written.
 """
 
 from __future__ import annotations
@@ -15,11 +19,37 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 import time
 from typing import Any
 
 from benchmarks.stats import latency_summary
+
+
+def stalled_client(port: int, rcvbuf: int = 4096) -> socket.socket:
+    """A WebSocket client that completes the handshake and then never reads, with a tiny receive
+    buffer so the server's sends stall quickly instead of after megabytes of kernel buffering."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.settimeout(15)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n" % port)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)  # byte by byte: nothing after the handshake is read
+    if not head.startswith(b"HTTP/1.1 101"):
+        s.close()
+        raise ConnectionError(f"handshake refused: {head[:100]!r}")
+    return s
+
+
+def send_text_frame(sock: socket.socket, text: str) -> None:
+    """Send one masked WebSocket text frame on a raw socket (see :func:`stalled_client`)."""
+    from websockets.frames import Frame, Opcode
+
+    sock.sendall(Frame(Opcode.TEXT, text.encode()).serialize(mask=True))
 
 
 def _stopped(until: float, stop_file: str | None) -> bool:
@@ -33,10 +63,17 @@ async def _client(
     counts: dict[str, int],
     until: float,
     stop_file: str | None,
+    idle: bool = False,
 ) -> None:
     import websockets
 
-    async with websockets.connect(url, max_size=None, open_timeout=30) as ws:
+    async with websockets.connect(url, max_size=None, open_timeout=60) as ws:
+        if idle:
+            counts["hello"] = counts.get("hello", 0) + (json.loads(await ws.recv()).get("type") == "hello")
+            hello.set()
+            while not _stopped(until, stop_file):
+                await asyncio.sleep(0.2)
+            return
         while not _stopped(until, stop_file):
             try:
                 raw = await asyncio.wait_for(ws.recv(), timeout=0.2)
@@ -56,14 +93,16 @@ async def _client(
 
 
 async def run_clients(
-    url: str, n: int, until: float, ready_file: str | None, stop_file: str | None = None
+    url: str, n: int, until: float, ready_file: str | None, stop_file: str | None = None, idle: bool = False
 ) -> dict[str, Any]:
     latencies: list[float] = []
     counts: dict[str, int] = {}
     hellos = [asyncio.Event() for _ in range(n)]
-    tasks = [
-        asyncio.create_task(_client(url, hellos[i], latencies, counts, until, stop_file)) for i in range(n)
-    ]
+    tasks = []
+    for i in range(n):
+        tasks.append(asyncio.create_task(_client(url, hellos[i], latencies, counts, until, stop_file, idle)))
+        if i % 50 == 49:  # connect in waves: a thousand handshakes at once only measure the backlog
+            await asyncio.sleep(0.05)
     errors: list[str] = []
     try:
         await asyncio.wait_for(
@@ -91,8 +130,9 @@ def _main() -> int:
     p.add_argument("--ready", default=None)
     p.add_argument("--stop", default=None, help="stop as soon as this file exists")
     p.add_argument("--out", required=True)
+    p.add_argument("--idle", action="store_true", help="read nothing after the hello")
     a = p.parse_args()
-    result = asyncio.run(run_clients(a.url, a.clients, a.until, a.ready, a.stop))
+    result = asyncio.run(run_clients(a.url, a.clients, a.until, a.ready, a.stop, a.idle))
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(result, f)
     return 0

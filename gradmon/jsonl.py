@@ -5,6 +5,11 @@ Pure functions, no I/O: the writer, the reader, the server and the tests share t
 Python's :func:`json.dumps` writes ``NaN`` and ``Infinity`` as bare tokens, which RFC 8259 does
 not allow and which make a browser's ``JSON.parse`` throw. Here non-finite floats become the
 strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, and decoding turns them back into floats.
+
+Reading is lenient where other writers differ (docs/format.md, "Reading logs of other writers"):
+the bare tokens are read as the floats they mean, and a JSON object without ``type`` but with an
+integer ``step`` is a step record. Such a line is *normalized*: whoever passes it on re-encodes
+the record (:func:`decode_record` says so) instead of copying the line.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from gradmon.schema import INT_FIELDS, NUMBER_FIELDS, TEXT_KEYS
 
 __all__ = [
     "NONFINITE_STRINGS",
+    "STRICT_DECODER",
     "RecordError",
     "decode_line",
+    "decode_record",
     "encode_record",
     "to_jsonable",
     "validate_record",
@@ -75,6 +82,11 @@ def _reject_constant(token: str) -> Any:
     raise RecordError(f"non-standard JSON token {token}")
 
 
+# RFC 8259 JSON: the bare tokens NaN / Infinity / -Infinity raise RecordError. (Strict about
+# control characters in strings too, so a value can never run past its line's end.)
+STRICT_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _decode_nonfinite(value: Any) -> Any:
     if isinstance(value, str):
         return NONFINITE_STRINGS.get(value, value)
@@ -83,6 +95,11 @@ def _decode_nonfinite(value: Any) -> Any:
     if isinstance(value, list):
         return [_decode_nonfinite(v) for v in value]
     return value
+
+
+def _step_without_type(record: Any) -> bool:
+    """A record of another writer: an object without ``type`` whose ``step`` is an integer."""
+    return isinstance(record, dict) and "type" not in record and type(record.get("step")) is int
 
 
 def validate_record(record: Any) -> dict[str, Any]:
@@ -105,21 +122,33 @@ def validate_record(record: Any) -> dict[str, Any]:
     return record
 
 
-def decode_line(line: str | bytes) -> dict[str, Any]:
-    """Decode and validate one line (with or without its newline).
+def decode_record(line: str | bytes) -> tuple[dict[str, Any], bool]:
+    """Decode and validate one line (with or without its newline); return the record and whether
+    it was *normalized*: the line held a bare ``NaN``/``Infinity``/``-Infinity`` token or had no
+    ``type`` (a step record of another writer, given ``"type": "step"`` first), so it is not a
+    strict record as it stands and is re-encoded (:func:`encode_record`) wherever it is passed on.
 
-    Raises :class:`RecordError` for anything that is not a valid record: not UTF-8, not strict
-    JSON (bare ``NaN`` included), not an object, or known fields of the wrong type.
+    Raises :class:`RecordError` for anything that is not a valid record: not UTF-8, not JSON, not
+    an object, no ``type`` (nor an integer ``step``), or known fields of the wrong type.
     """
     if isinstance(line, bytes):
         try:
             line = line.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise RecordError(f"not UTF-8: {exc}") from None
+    bare: list[str] = []
     try:
-        raw = json.loads(line, parse_constant=_reject_constant)
-    except RecordError:
-        raise
+        raw = json.loads(line, parse_constant=lambda token: bare.append(token) or float(token))
     except ValueError as exc:
         raise RecordError(f"not JSON: {exc}") from None
-    return validate_record(_decode_nonfinite(raw))
+    record = _decode_nonfinite(raw)
+    normalized = bool(bare)
+    if _step_without_type(record):
+        record = {"type": "step", **record}
+        normalized = True
+    return validate_record(record), normalized
+
+
+def decode_line(line: str | bytes) -> dict[str, Any]:
+    """The record of one line, see :func:`decode_record`."""
+    return decode_record(line)[0]

@@ -319,8 +319,8 @@ class ReadStats:
     """What :func:`read_records` saw.
 
     ``lines``: complete lines (each ended by ``\\n``); ``records``: valid records yielded;
-    ``malformed``: complete lines skipped (not JSON, bare NaN, no ``type``, wrong field types,
-    longer than the line limit, blank); ``partial_tail_bytes``: bytes after the last ``\\n``
+    ``malformed``: complete lines skipped (not JSON, no ``type`` nor integer ``step``, wrong field
+    types, longer than the line limit, blank); ``partial_tail_bytes``: bytes after the last ``\\n``
     (a line still being written, not taken); ``consumed_bytes``: bytes up to and including the
     last ``\\n`` — where to resume reading once more data has arrived.
     """
@@ -346,7 +346,10 @@ def read_records(
     (counted in ``stats.partial_tail_bytes``). Lines that are not valid records are skipped and
     counted; a line longer than ``max_line_bytes`` is skipped without being held in memory.
     Non-finite values written as ``"NaN"``/``"Infinity"``/``"-Infinity"`` come back as floats.
-    Never raises for bad content (only for an unreadable path).
+    Logs of other writers are read too (docs/format.md): bare ``NaN``/``Infinity``/``-Infinity``
+    tokens are floats, and an object without ``type`` but with an integer ``step`` is a step
+    record (yielded with ``"type": "step"``). Never raises for bad content (only for an
+    unreadable path).
     """
     st = stats if stats is not None else ReadStats()
     if isinstance(source, (str, bytes, os.PathLike)):

@@ -146,6 +146,13 @@ def test_smoke_run_writes_every_section(tmp_path):
         assert all(c["received"] == c["expected"] for c in lat), lat
         hist = sections["server"]["history"][0]
         assert _finite_positive(hist.get("fetch_ms")), hist
+        stress = sections["server"]["stress"]
+        for block in (stress["zoom"]["quiet"], stress["zoom"]["zooming"]):
+            assert _finite_positive(block["p99_ms_median"]), stress["zoom"]
+        assert _finite_positive(stress["zoom"]["indexing"].get("p99_ms")), stress["zoom"]
+        assert stress["zoom"]["zoom_ms"]["n"] >= 1
+        assert all(_finite_positive(stress["abuse"][f"rss_mb_{k}"]) for k in ("before", "peak", "after"))
+        assert _finite_positive(stress["idle"]["healthy"].get("p99_ms")), stress["idle"]
     if "skipped" not in sections["page"]:
         assert _finite_positive(sections["page"].get("chart_ready_ms"))
         assert _finite_positive(sections["page"].get("fps_streaming"))

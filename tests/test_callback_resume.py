@@ -15,7 +15,7 @@ import time
 import pytest
 from mindspore.train import Model
 from resume_train import LR_TABLE, train
-from test_server_helpers import StreamFollower, get_json, recv_json, wait_for
+from server_helpers import StreamFollower, get_json, recv_json, wait_for
 from train_util import dataset, history_cell, records, segments, use_graph_mode
 from websockets.asyncio.client import connect
 

@@ -3,15 +3,16 @@ of them (4 per bucket), never more (but for the nodes split at the range's two e
 
 from __future__ import annotations
 
-import bisect
 import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from server_helpers import answer_from_memory
 
 from gradmon.jsonl import encode_record
-from gradmon.server.index import FANOUT, RunIndex, series_from_lines
+from gradmon.server.index import RunIndex
+from gradmon.server.pyramid import FANOUT
 
 N = 300_000  # step records in the run
 
@@ -44,24 +45,10 @@ class _Run:
         return iter((self.idx, self.pairs))
 
 
-def _read(pairs, lo, hi):
-    """The lines in bytes [lo, hi) of the file, as tail.read_lines gives them."""
-    ends = [e for e, _ in pairs]
-    i = bisect.bisect_right(ends, lo)
-    j = bisect.bisect_right(ends, hi)
-    return pairs[i:j]
-
-
 def _answer(idx, pairs, start, end, points):
-    """The series ``v`` as the server builds it from the plan (file reads included)."""
-    plan = idx.plan_history(start, end, points, cursor=pairs[-1][0])
-    if plan.kind != "pyramid":
-        series, _exact = series_from_lines(_read(pairs, plan.byte_lo, plan.byte_hi), start, end, points)
-        return plan, series["v"][0]
-    steps = set(plan.series["v"][0])
-    for lo, hi, s_lo, s_hi in plan.edges:
-        steps |= set(series_from_lines(_read(pairs, lo, hi), s_lo, s_hi, 4)[0]["v"][0])
-    return plan, sorted(steps)
+    """The series ``v`` as the server answers (file reads included)."""
+    plan, series, _exact = answer_from_memory(idx, pairs, start, end, points)
+    return plan, series["v"][0]
 
 
 @settings(max_examples=120, deadline=None)
@@ -75,7 +62,7 @@ def test_points_between_half_and_all_requested(run, start, width, points):
     assert all(start <= s <= end for s in steps) and steps == sorted(steps)
     assert len(steps) >= min(in_range, points // 2), (plan.kind, len(steps))
     # Beyond `points`: the nodes split at the range's two ends (at most FANOUT - 1 per level each).
-    ends = 4 * 2 * (FANOUT - 1) * len(idx.levels) if plan.kind == "pyramid" else 0
+    ends = 4 * 2 * (FANOUT - 1) * len(idx.steps.pyramid.levels) if plan.kind == "pyramid" else 0
     assert len(steps) <= points + ends, (plan.kind, len(steps))
 
 

@@ -4,14 +4,13 @@ read, marks, eval)."""
 
 from __future__ import annotations
 
-import bisect
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from server_helpers import answer_from_memory
 
 from gradmon.jsonl import encode_record
-from gradmon.server.index import RunIndex, series_from_lines
+from gradmon.server.index import RunIndex
 
 # Segment 1: steps 1..60000 (value 1.0), crash; segment 2 resumes at 40001..90000 (value 2.0), crash;
 # segment 3 resumes at 70001..100000 (value 3.0). Visible: 1..40000 -> 1, 40001..70000 -> 2, then 3.
@@ -45,30 +44,13 @@ class _Run:
     def __repr__(self):
         return "<resumed run>"
 
-    def read(self, lo, hi):
-        ends = [e for e, _ in self.pairs]
-        return self.pairs[bisect.bisect_right(ends, lo):bisect.bisect_right(ends, hi)], lo
-
-
 @pytest.fixture(scope="module")
 def run():
     return _Run()
 
 
 def _history(run, start, end, points):
-    idx = run.idx
-    plan = idx.plan_history(start, end, points, cursor=run.pairs[-1][0])
-    if plan.kind != "pyramid":
-        lines, first = run.read(plan.byte_lo, plan.byte_hi)
-        series, _ = series_from_lines(lines, start, end, points, first, plan.cutoffs)
-    else:
-        series = {n: (list(s), list(v)) for n, (s, v) in plan.series.items()}
-        for lo, hi, s_lo, s_hi in plan.edges:
-            lines, first = run.read(lo, hi)
-            extra, _ = series_from_lines(lines, s_lo, s_hi, 4, first)
-            for n, (s, v) in extra.items():
-                pts = sorted(set(zip(*series.get(n, ([], [])))) | set(zip(s, v)))
-                series[n] = ([p[0] for p in pts], [p[1] for p in pts])
+    plan, series, _exact = answer_from_memory(run.idx, run.pairs, start, end, points)
     return plan, series
 
 
@@ -90,8 +72,8 @@ def test_latest_segment_wins_for_repeated_steps(run, start, width, points):
 
 
 def test_marks_and_eval_of_overridden_steps_are_left_out(run):
-    idx = run.idx
-    assert idx.cutoffs() == [40_001, 70_001, float("inf")]
+    idx = run.idx.snapshot()
+    assert idx.cutoffs == [40_001, 70_001, float("inf")]
     # spikes at 50000 (segments 1 and 2) and 80000 (segments 2 and 3): only the winners' are left
     assert [(m["step"], m["value"]) for m in idx.marks_in(1, 100_000)] == [(50_000, 18.0), (80_000, 27.0)]
     # segment 1's eval at 60000 and segment 2's at 90000 are overridden; segment 3's at 100000 stays

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from browser_helpers import opened
-from test_server_helpers import append, header, make_run, step
+from server_helpers import append, header, make_run, step
 
 from gradmon.cli import main
 from gradmon.export import EXPORT_SCRIPT, ExportError, export, export_script, page_with_export, select_runs

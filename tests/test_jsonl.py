@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from gradmon.jsonl import RecordError, decode_line, encode_record, to_jsonable
+from gradmon.jsonl import RecordError, decode_line, decode_record, encode_record, to_jsonable
 
 
 def test_encode_is_strict_json_with_nonfinite_strings():
@@ -33,12 +33,30 @@ def test_decode_round_trip_and_text_fields():
 
 
 @pytest.mark.parametrize("line", [
-    '{"type":"step","step":1,"loss":NaN}', "[1]", '{"step":1}', '{"type":"step","step":true}',
-    '{"type":"step"}', '{"type":"x","ts":"soon"}', b'{"type":"x","s":"\xff"}', "", "{",
+    "[1]", '{"loss":1}', '{"step":1.0}', '{"step":true}', '{"step":"1"}', '{"type":null,"step":1}',
+    '{"type":"step","step":true}', '{"type":"step"}', '{"type":"x","ts":"soon"}', '{"step":1,"ts":"soon"}',
+    b'{"type":"x","s":"\xff"}', "", "{", "NaN", '{"step":1,"loss":nan}', '{"step":1,"epoch":1.5}',
 ])
 def test_decode_rejects(line):
     with pytest.raises(RecordError):
         decode_line(line)
+
+
+def test_logs_of_other_writers_are_read_and_normalized():
+    """Python's default json.dumps (bare NaN/Infinity) and records without `type` (the design
+    article's callback): read as step records, flagged for re-encoding."""
+    line = json.dumps({"step": 1, "loss": math.nan, "lr": 1e-3, "throughput": math.inf, "x": -math.inf})
+    rec, normalized = decode_record(line)
+    assert normalized and next(iter(rec)) == "type" and rec["type"] == "step" and rec["step"] == 1
+    assert math.isnan(rec["loss"]) and rec["throughput"] == math.inf and rec["x"] == -math.inf
+    assert encode_record(rec) == ('{"type":"step","step":1,"loss":"NaN","lr":0.001,"throughput":"Infinity",'
+                                  '"x":"-Infinity"}\n')
+    rec, normalized = decode_record('{"type":"eval","step":2,"loss":NaN,"cfg":{"a":[Infinity]}}')
+    assert normalized and math.isnan(rec["loss"]) and rec["cfg"]["a"] == [math.inf]
+    rec, normalized = decode_record('{"step":3,"loss":0.5}')
+    assert normalized and rec == {"type": "step", "step": 3, "loss": 0.5}
+    strict = encode_record({"type": "step", "step": 4, "loss": math.nan})
+    assert decode_record(strict)[1] is False  # strict records are passed on as they are
 
 
 def test_to_jsonable_other_objects():

@@ -145,7 +145,7 @@ def test_reader_skips_and_counts_bad_lines_never_takes_partial_tail():
     data = (
         encode_record(good[0]).encode()
         + b"garbage\n"
-        + b'{"type":"step","step":2,"loss":NaN}\n'  # bare NaN: not JSON
+        + b'{"type":"step","step":2,"loss":NaN,}\n'  # not JSON
         + b'{"type":"step","step":"3"}\n'  # wrong field type
         + b"\xff\xfe\n"  # not UTF-8
         + b"[1,2]\n"
@@ -193,12 +193,13 @@ def _invalid_line(draw) -> bytes:
     kind = draw(st.sampled_from(["garbage", "nan", "type", "prefix", "huge", "scalar", "utf8"]))
     if kind == "garbage":
         return b"#" + draw(st.binary(max_size=40)).replace(b"\n", b"")
-    if kind == "nan":
-        token = draw(st.sampled_from([b"NaN", b"Infinity", b"-Infinity"]))
+    if kind == "nan":  # tokens no writer produces (Python's are NaN, Infinity, -Infinity)
+        token = draw(st.sampled_from([b"nan", b"inf", b"+Infinity", b"NAN"]))
         return b'{"type":"step","step":1,"loss":' + token + b"}"
     if kind == "type":
         return draw(st.sampled_from([b'{"type":"step","step":"1"}', b'{"type":"step","step":1.5}',
-                                     b'{"type":"step"}', b'{"step":1}', b'{"type":"x","ts":"now"}',
+                                     b'{"type":"step"}', b'{"step":1.5}', b'{"step":true}', b'{"loss":1}',
+                                     b'{"type":null,"step":1}', b'{"type":"x","ts":"now"}',
                                      b'{"type":"x","pid":true}']))
     if kind == "prefix":  # a valid line cut short (it has no trailing whitespace, so no prefix parses)
         full = encode_record(draw(_valid_record)).encode()[:-1]
@@ -220,6 +221,9 @@ def _log_file(draw):
         if draw(st.booleans()):
             record = draw(_valid_record)
             line = encode_record(record).encode()
+            if draw(st.booleans()):  # another writer's line: Python's json.dumps (bare NaN), no type
+                record = {"type": "step", **{k: v for k, v in record.items() if k != "type"}}
+                line = (json.dumps({k: v for k, v in record.items() if k != "type"}) + "\n").encode()
             parts.append(line)
             if len(line) - 1 > _CAP:  # valid, but over the line limit: skipped as malformed
                 bad += 1

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_server_helpers import get_json, wait_for
+from server_helpers import get_json, wait_for
 
 from gradmon.runlog import LogInUseError, ReadStats, RunLogWriter, read_records
 from gradmon.writelock import lock_path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from test_server_helpers import make_run
+from server_helpers import make_run
 
 from gradmon.server.runs import discover_runs, is_inside, run_status
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import socket
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
-from test_server_helpers import (
+from server_helpers import (
+    DEADLINE_S,
     StreamFollower,
     append,
     get_json,
@@ -26,7 +26,9 @@ from test_server_helpers import (
 )
 from websockets.asyncio.client import connect
 
+from benchmarks.ws_clients import stalled_client
 from gradmon.server import start_server
+from gradmon.server.app import POLL_MAX_BYTES, GradmonServer
 
 
 @pytest.fixture
@@ -166,26 +168,10 @@ def test_new_run_appears_then_streams_from_its_start(logdir):
         asyncio.run(main())
 
 
-def _stalled_client(port):
-    """A WebSocket client that completes the handshake and then never reads, with a tiny receive
-    buffer so the server's sends stall quickly instead of after megabytes of kernel buffering."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.settimeout(15)
-    s.connect(("127.0.0.1", port))
-    s.sendall(b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n" % port)
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += s.recv(1)  # byte by byte: nothing after the handshake is read
-    assert head.startswith(b"HTTP/1.1 101")
-    return s
-
-
 def test_slow_client_does_not_delay_a_fast_one(logdir):
     path = make_run(logdir, "exp1", 1)
     with _server(logdir, client_queue_bytes=256 << 10) as h:
-        stalled = _stalled_client(h.port)
+        stalled = stalled_client(h.port)
 
         async def main():
             async with connect(_ws_url(h)) as fast:
@@ -341,3 +327,103 @@ def test_backlog_read_at_start_is_not_streamed_but_ends_with_one_lagged(logdir):
                 await recv_until(ws, lambda m: follow.feed(m) and 20_001 in follow.steps("exp1"))
                 assert follow.steps("exp1") == [20_001]
         asyncio.run(main())
+
+
+class _GatedPool:
+    """A worker pool whose calls wait for the test to open the gate (then run in the caller's thread)."""
+
+    def __init__(self):
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def call(self, fn, arg):
+        self.entered.set()
+        assert self.gate.wait(DEADLINE_S)
+        return fn(arg)
+
+
+def test_history_work_does_not_hold_the_event_loop(logdir):
+    """While a history answer is being computed (held in the worker here), live records keep
+    arriving and other requests are answered (#14 D)."""
+    path = make_run(logdir, "exp1", 3000)
+    pool = _GatedPool()
+    with _server(logdir, workers=pool) as h:
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                info = (await recv_json(ws))["runs"][0]
+                follow = StreamFollower({"exp1": info["cursor"]})
+                zoom = asyncio.create_task(asyncio.to_thread(
+                    get_json, h.port, "/api/runs/exp1/history?start=100&end=2100&points=400"))
+                assert await asyncio.to_thread(pool.entered.wait, DEADLINE_S)
+                append(path, [step(3001), step(3002)])
+                await recv_until(ws, lambda m: follow.feed(m) and 3002 in follow.steps("exp1"))
+                assert (await asyncio.to_thread(get_json, h.port, "/api/runs"))[0] == 200
+                assert not zoom.done()
+                pool.gate.set()
+                status, hist = await zoom
+                assert status == 200 and hist["series"]["loss"]["step"][0] == 100
+        asyncio.run(main())
+
+
+def test_indexing_yields_to_the_loop_after_each_bounded_slice(logdir):
+    """Two big backlogs are read one bounded slice at a time, the loop serving everything else
+    between two slices (#14 D): never more than POLL_MAX_BYTES is indexed without a yield
+    (the lines here are ~110 bytes)."""
+    paths = [make_run(logdir, name, 20_000) for name in ("a", "b")]
+
+    async def main():
+        server = GradmonServer(logdir, port=0)
+        await server.start()
+        try:
+            runs = [server.runs["a"], server.runs["b"]]
+            offsets = [r.offset for r in runs]
+            most = 0
+            while any(r.indexing for r in runs):
+                await asyncio.sleep(0)
+                now = [r.offset for r in runs]
+                most = max(most, sum(now) - sum(offsets))
+                offsets = now
+            assert sum(offsets) == sum(p.stat().st_size for p in paths)
+            assert 0 < most <= POLL_MAX_BYTES + 200  # (+ the partial line a slice ended in)
+        finally:
+            await server.close()
+    asyncio.run(main())
+
+
+def test_logs_of_other_writers_are_served_as_step_records(logdir):
+    """A hand-written callback's log (#11): no header, no `type`, Python's json.dumps (bare NaN,
+    Infinity) — indexed as step records, and streamed as strict JSON with "type": "step"."""
+    path = logdir / "theirs" / "metrics.jsonl"
+    path.parent.mkdir(parents=True)
+
+    def write(step, loss):
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": step, "loss": loss, "lr": 1e-3, "throughput": 512.0}) + "\n")
+
+    for i in range(1, 6):
+        write(i, math.nan if i == 3 else 1.0 / i)
+    with _server(logdir) as h:
+        info = wait_for(lambda: get_json(h.port, "/api/runs/theirs")[1])
+        assert info["last_step"] == 5 and info["malformed"] == 0
+        assert info["fields"] == ["loss", "lr", "throughput"]
+        _, hist = get_json(h.port, "/api/runs/theirs/history")
+        assert hist["series"]["loss"] == {"step": [1, 2, 3, 4, 5], "value": [1.0, 0.5, "NaN", 0.25, 0.2]}
+        assert hist["marks"] == [{"step": 3, "kind": "nonfinite", "field": "loss", "value": "NaN"}]
+
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                follow = StreamFollower({"theirs": (await recv_json(ws))["runs"][0]["cursor"]})
+                write(6, math.inf)
+                while not follow.feed(_strict(await asyncio.wait_for(ws.recv(), DEADLINE_S))):
+                    pass
+                assert follow.records["theirs"] == [
+                    {"type": "step", "step": 6, "loss": "Infinity", "lr": 0.001, "throughput": 512.0}]
+        asyncio.run(main())
+
+
+def _strict(text):
+    """Parse as a browser does: a bare NaN/Infinity token is an error."""
+    def refuse(token):
+        raise AssertionError(f"bare {token} sent to a browser")
+    return json.loads(text, parse_constant=refuse)
+

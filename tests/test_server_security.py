@@ -8,12 +8,23 @@ import http.client
 import json
 
 import pytest
-from test_server_helpers import get_json, make_run, recv_json, recv_until, request
+from server_helpers import (
+    StreamFollower,
+    append,
+    get_json,
+    make_run,
+    recv_json,
+    recv_until,
+    request,
+    step,
+    wait_for,
+)
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from benchmarks.ws_clients import send_text_frame, stalled_client
 from gradmon.server import start_server
-from gradmon.server.app import _resolve_token
+from gradmon.server.app import resolve_token
 
 
 @pytest.fixture
@@ -200,11 +211,145 @@ def test_token_is_required_when_set(tmp_path):
 
 
 def test_non_loopback_bind_always_gets_a_token():
-    assert _resolve_token("127.0.0.1", None) is None
-    assert _resolve_token("localhost", None) is None
-    t = _resolve_token("0.0.0.0", None)
+    assert resolve_token("127.0.0.1", None) is None
+    assert resolve_token("localhost", None) is None
+    t = resolve_token("0.0.0.0", None)
     assert isinstance(t, str) and len(t) >= 24
-    assert _resolve_token("0.0.0.0", None) != t
-    assert _resolve_token("10.1.2.3", "mine") == "mine"
+    assert resolve_token("0.0.0.0", None) != t
+    assert resolve_token("10.1.2.3", "mine") == "mine"
     with pytest.raises(ValueError):
-        _resolve_token("127.0.0.1", "")
+        resolve_token("127.0.0.1", "")
+
+
+def _fuzz_targets() -> list[bytes]:
+    """Request targets a fuzzer sends: NUL, overlong, unicode (encoded and raw), repeated keys,
+    too many fields, broken escapes, netloc-like paths, on every route."""
+    many = "&".join(f"a{i}=1" for i in range(51))
+    queries = ["", "?%00", "?%00=%00", "?points=%00", "?points=1&points=2&points=3", "?" + many,
+               "?" + "&".join("points=5" for _ in range(60)), "?start=1_000", "?start=%D9%A3",
+               "?end=" + "9" * 5000, "?points=1e3", "?points=+5", "?=", "?&&&", "?token", "?%", "?%zz=1",
+               "?a=%ff%fe", "?" + "x" * 8000]
+    paths = ["/", "/index.html", "/api/runs", "/api/runs/exp1", "/api/runs/exp1/history", "/static/app.js",
+             "/ws", "/api/runs/%00", "/api/runs/%C3%A9/history", "/api/runs/%ff", "/static/%", "//[",
+             "//[x/api/runs", "//evil.example/api/runs", "/api/runs/exp1%2Fhistory", "/%2e%2e/%2e%2e",
+             "/api/runs/" + "a" * 8100, "/static/" + "%2e%2e/" * 50 + "etc/passwd"]
+    out = [(p + q).encode() for p in paths for q in queries]
+    out += [b"/api/runs/\xc3\xa9", b"/api/runs?x=\xff", b"/api/ runs", b"/api/runs\t", b"*",
+            b"http://127.0.0.1/api/runs", b"/api/runs#frag", b"/" + b"a" * 9000]
+    return out
+
+
+def _raw_status(port: int, target: bytes) -> int | None:
+    """Send ``GET target`` with these exact bytes; the response status, or None when the HTTP
+    parser closed the connection without an answer (not HTTP: raw non-ASCII bytes, a space)."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+        s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port)
+        data = b""
+        while b"\r\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                return None
+            data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+def test_url_fuzz_gets_4xx_and_never_a_traceback(served, caplog):
+    import logging
+    caplog.set_level(logging.WARNING)
+    statuses = {}
+    for target in _fuzz_targets():
+        statuses[target] = _raw_status(served.port, target)
+    bad = {t[:80]: s for t, s in statuses.items() if s is not None and not (s == 200 or 400 <= s < 500)}
+    assert not bad, bad
+    closed = [t for t, s in statuses.items() if s is None]
+    assert all(not t.isascii() or b" " in t or b"\t" in t for t in closed), closed  # only non-HTTP
+    assert statuses[b"/api/runs?" + "&".join(f"a{i}=1" for i in range(51)).encode()] == 400
+    assert statuses[b"//["] == 400 and statuses[b"/api/runs/exp1/history?start=1_000"] == 400
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], \
+        [r.getMessage()[:200] for r in caplog.records][:5]
+    _alive(served)
+
+
+def _unknown_runs(n: int, **more) -> str:
+    """A ``subscribe`` naming ``n`` runs that do not exist (the issue's frame: 16,000 runs, ~245 KB)."""
+    return json.dumps({"type": "subscribe", "runs": {**{f"n{i}": None for i in range(n)}, **more}})
+
+
+def test_one_bad_subscribe_gets_one_bounded_error(served):
+    async def main():
+        async with connect(f"ws://127.0.0.1:{served.port}/ws") as ws:
+            cursor = (await recv_json(ws))["runs"][0]["cursor"]
+            await ws.send(_unknown_runs(16_000, exp1=None))  # more runs than a server ever lists
+            await ws.send(_unknown_runs(1_999, exp1=None))
+            await ws.send(json.dumps({"type": "subscribe", "runs": {"exp1": {"gen": 1}, "other": None}}))
+            await ws.send('{"type": "marker"}')
+            seen = []
+            await recv_until(ws, lambda m: m["type"] == "error" and "marker" in m["error"], seen=seen)
+            errors = [m["error"] for m in seen if m["type"] == "error"]
+            assert len(errors) == 4, errors[:5]  # one per bad message, not one per unknown run
+            assert "names 16001 runs; at most 2000" in errors[0]
+            assert "unknown runs (1999): 'n0', 'n1'" in errors[1] and "and 1994 more" in errors[1]
+            assert max(map(len, errors)) <= 1000
+            assert "unknown runs (1): 'other'" in errors[2] and "bad cursors" in errors[2]
+            # exp1 (named beside the unknown runs) was applied: it streams from now on
+            follow = StreamFollower({"exp1": cursor})
+            append(_path(served, "exp1"), [step(11)])
+            await recv_until(ws, lambda m: follow.feed(m) and 11 in follow.steps("exp1"))
+    asyncio.run(main())
+    _alive(served)
+
+
+def _path(h, name):
+    from pathlib import Path
+    return Path(h.server.runs[name].path)
+
+
+def test_a_client_that_keeps_sending_garbage_is_closed(served):
+    async def main():
+        async with connect(f"ws://127.0.0.1:{served.port}/ws") as ws:
+            await recv_json(ws)
+            with pytest.raises(ConnectionClosed) as exc:
+                for _ in range(200):
+                    await ws.send("garbage")
+                while True:
+                    await recv_json(ws)
+            assert exc.value.rcvd is not None and exc.value.rcvd.code == 1008
+    asyncio.run(main())
+    wait_for(lambda: served.stats()["dropped"] == 1 and served.stats()["clients"] == 0)
+    _alive(served)
+
+
+def test_a_stalled_client_flooding_bad_subscribes_stays_bounded_and_is_dropped(tmp_path):
+    """The issue's abuse: a client with a 4 KiB receive buffer that never reads sends 60 frames of
+    245 KB, each naming 16,000 unknown runs. Its queue never exceeds its budget, it is dropped,
+    and a healthy client keeps receiving every record."""
+    logdir = tmp_path / "logs"
+    path = make_run(logdir, "exp1", 3)
+    budget = 1 << 20
+    with start_server(logdir, port=0, client_queue_bytes=budget) as h:
+        async def main():
+            async with connect(f"ws://127.0.0.1:{h.port}/ws") as healthy:
+                info = (await recv_json(healthy))["runs"][0]
+                follow = StreamFollower({"exp1": info["cursor"]})
+                bad = stalled_client(h.port)
+                frame = _unknown_runs(16_000)
+                assert len(frame) > 240_000
+                peak = 0
+                last = 3
+                try:
+                    for _ in range(60):
+                        try:
+                            await asyncio.to_thread(send_text_frame, bad, frame)
+                        except OSError:  # dropped: the server closed the connection
+                            break
+                        last += 1
+                        append(path, [step(last)])
+                        peak = max(peak, h.stats()["max_queued_bytes"])
+                    wait_for(lambda: h.stats()["dropped"] == 1 and h.stats()["clients"] == 1)
+                    await recv_until(healthy, lambda m: follow.feed(m) and last in follow.steps("exp1"))
+                finally:
+                    bad.close()
+                assert peak <= budget + 1000
+                assert follow.steps("exp1") == list(range(4, last + 1))
+        asyncio.run(main())

@@ -7,11 +7,10 @@ import asyncio
 import math
 
 import psutil
-from test_server_helpers import append, get_json, header, recv_json, step, wait_for
+from server_helpers import append, get_json, header, index_of, recv_json, step, wait_for
 from websockets.asyncio.client import connect
 
 from gradmon.server import start_server
-from gradmon.server.index import RunIndex
 from gradmon.server.sampled import SampledSeries
 from gradmon.sysmetrics import sample_system
 
@@ -72,7 +71,6 @@ def test_sampled_series_caps_fields_and_rejects_a_tiny_cap():
 # ---- RunIndex ------------------------------------------------------------------------------------
 
 def test_index_keeps_system_fields_and_latest_layers():
-    idx = RunIndex()
     recs = [header(), step(1), {"type": "system", "ts": 1.0, "cpu_percent": 3.0},  # no step: skipped
             {"type": "system", "ts": 2.0, "step": 1, "cpu_percent": 5.0, "rss_bytes": 1_200_000_000},
             {"type": "system", "ts": 2.5, "step": 10**20, "cpu_percent": 7.0},  # beyond int64: skipped
@@ -80,11 +78,10 @@ def test_index_keeps_system_fields_and_latest_layers():
             step(2),
             {"type": "system", "ts": 3.0, "step": 2, "cpu_percent": math.inf, "rss_bytes": 1_300_000_000},
             {"type": "layers", "step": 2, "top": [{"name": "w", "grad_norm": 2.0}]}]
-    for k, r in enumerate(recs):
-        idx.add(r, k * 100)
+    idx = index_of(recs, batch=1)
     assert idx.summary()["system_fields"] == ["cpu_percent", "rss_bytes"]
     assert "cpu_percent" not in idx.summary()["fields"]
-    sysd = idx.system_in(-math.inf, math.inf, 2000)
+    sysd = idx.snapshot().system_in(-math.inf, math.inf, 2000)
     assert sysd["rss_bytes"] == {"step": [1, 2], "value": [1.2e9, 1.3e9]}
     assert sysd["cpu_percent"]["value"] == [5.0, math.inf]
     assert idx.layers["step"] == 2 and idx.layers["top"][0]["grad_norm"] == 2.0

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
 from gradmon.jsonl import encode_record
+from gradmon.lines import LineSplitter
 from gradmon.server.index import RunIndex
 from gradmon.server.runs import Run
-from gradmon.server.tail import FileTailer, LineSplitter, make_gen, read_lines
+from gradmon.server.tail import FileTailer, make_gen, read_lines
 
 
 def _step(i: int, **kw) -> str:
@@ -122,12 +124,12 @@ def test_generation_is_stable_across_tailers(tmp_path):
     assert a.gen == b.gen == make_gen(st.st_dev, st.st_ino, _step(1).rstrip("\n").encode())
 
 
-def test_run_skips_and_counts_malformed_lines_including_5mb_and_bare_nan(tmp_path):
+def test_run_skips_and_counts_malformed_lines_including_5mb(tmp_path):
     p = tmp_path / "metrics.jsonl"
     huge = '{"type":"step","step":2,"pad":"' + "x" * (5 << 20) + '"}\n'
     with open(p, "w") as f:
         f.write(_step(1))
-        f.write('{"type":"step","step":3,"loss":NaN}\n')  # bare NaN is not JSON
+        f.write('{"type":"step","step":3,"loss":NaN}\n')  # bare NaN: another writer's, read
         f.write("not json\n")
         f.write(huge)
         f.write('{"type":"step","step":"4"}\n')  # wrong type for a known field
@@ -140,12 +142,13 @@ def test_run_skips_and_counts_malformed_lines_including_5mb_and_bare_nan(tmp_pat
             batches.append(batch)
         if not more:
             break
-    assert run.index.malformed == 4
-    assert [r["step"] for b in batches for r in b.records] == [1, 5]
+    assert run.index.malformed == 3
+    sent = [json.loads(ln) for b in batches for ln in b.lines]  # strict JSON: the bare NaN re-encoded
+    assert [r["step"] for r in sent] == [1, 3, 5] and sent[1]["loss"] == "NaN"
     assert batches[-1].cursor == p.stat().st_size
     # the 5 MB line was never held whole: the splitter's buffer is capped
     assert run.tailer._split.max_line < len(huge)
-    assert run.index.marks == [(5, "nonfinite", "grad_norm", math.inf)]
+    assert [m[:3] for m in run.index.steps.marks] == [(3, "nonfinite", "loss"), (5, "nonfinite", "grad_norm")]
 
 
 def test_read_lines_reads_a_range_back(tmp_path):
@@ -160,9 +163,9 @@ def test_read_lines_reads_a_range_back(tmp_path):
     assert read_lines(str(tmp_path / "missing"), 0, 10) == []
 
 
-def test_index_add_line_counts_malformed():
+def test_index_counts_malformed_lines():
     idx = RunIndex()
-    assert idx.add_line(None, 0) is None
-    assert idx.add_line(b"[1,2]", 0) is None
-    assert idx.add_line(_step(1).encode(), 0)["step"] == 1
+    line = _step(1).rstrip("\n").encode()
+    parsed = idx.add_lines([(60, None), (66, b"[1,2]"), (67 + len(line), line)], 0)
+    assert [r["step"] for r in parsed.records] == [1] and parsed.offsets == [66]
     assert (idx.malformed, idx.records) == (2, 1)

@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradmon.jsonl import RecordError, decode_line, encode_record
+from gradmon.jsonl import RecordError, decode_line, decode_record, encode_record
+from gradmon.lines import LineSplitter
 from gradmon.server.parse import parse_lines
-from gradmon.server.tail import LineSplitter
 
 
 def _reference_lines(data: bytes, max_line: int) -> list[tuple[int, bytes | None]]:
@@ -46,9 +47,12 @@ _GOOD = [
     encode_record({"type": "event", "kind": "spike", "step": 5, "message": "Infinity"}),
     encode_record({"type": "header", "schema": 1, "run_id": "a", "config": {"x": [math.nan, 1]}}),
     encode_record({"type": "step", "step": 6, "unit": "é", "loss": 1.0}),  # non-ASCII
+    '{"type":"step","step":3,"loss":NaN}',  # other writers: bare tokens, no type
+    '{"step": 7, "loss": Infinity, "lr": 0.001, "throughput": -Infinity}', '{"step":8,"loss":0.5}',
+    '{"step": 9, "loss": 0.5, "note": "NaN", "spike": true}', '{"step": 10, "loss": 2.5, "lr": 0.1}',
 ]
 _BAD = [
-    '{"type":"step","step":3,"loss":NaN}', "not json", "[1,2]", '{"type":"step","step":"4"}',
+    '{"step":3.0,"loss":1}', "not json", "[1,2]", '{"type":"step","step":"4"}',
     '{"type":"step","step":1}{"type":"step","step":2}', '{"type":"step","step":1},', "",
     '  {"type":"step","step":7,"loss":1e999}  ', '{"type":"step","step":8,"loss":1}  ', '{"a":[[1',
     '2]]}', '{"type":"step","step":9,"ts":"NaN"}', '{"type":"step","step":10,"loss":-1e999}',
@@ -78,14 +82,17 @@ def test_parse_lines_agrees_with_decode_line(lines, oversize, start, use_orjson)
         try:
             if ln is None:
                 raise RecordError("oversize")
-            want.append(decode_line(ln))
+            rec, normalized = decode_record(ln)
+            want.append(rec)
             offsets.append(offset)
-            raw.append(ln.strip())
+            # passed on as it is, or as strict JSON when it was not (bare NaN, no type)
+            raw.append(json.loads(encode_record(rec)) if normalized else ln.strip())
         except RecordError:
             pass
         offset = e
     assert _comparable(got.records) == _comparable(want)
-    assert got.offsets == offsets and got.raw == raw and got.end == (pairs[-1][0] if pairs else start)
+    assert got.offsets == offsets and got.end == (pairs[-1][0] if pairs else start)
+    assert [_strict(r) if isinstance(w, dict) else r for r, w in zip(got.raw, raw)] == raw
     assert got.malformed == len(pairs) - len(want)
     for i, rec in enumerate(got.records):  # a record not in `check` has no flag set and no NaN
         if i not in got.check:  # (±inf only from a literal too big for a float, like -1e999)
@@ -105,6 +112,13 @@ def test_one_bad_record_in_a_plain_batch_is_the_only_one_dropped(use_orjson):
             with contextlib.suppress(RecordError):
                 want.append(decode_line(ln))
         assert _comparable(got.records) == _comparable(want), bad
+
+
+def _strict(line: bytes):
+    """A line as a browser's JSON.parse reads it: bare NaN/Infinity tokens are errors."""
+    def refuse(token):
+        raise AssertionError(f"bare {token} passed on")
+    return json.loads(line, parse_constant=refuse)
 
 
 def _comparable(recs):

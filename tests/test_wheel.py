@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from browser_helpers import opened
-from test_server_helpers import make_run, request
+from server_helpers import make_run, request
 
 ROOT = Path(__file__).resolve().parent.parent
 STATIC = ROOT / "gradmon" / "static"

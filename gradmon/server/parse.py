@@ -1,18 +1,19 @@
-"""Decode a batch of run-log lines fast, with the results of ``jsonl.decode_line``.
+"""Decode a batch of run-log lines fast, with the results of ``jsonl.decode_record``.
 
 Indexing a 10M-line run is dominated by per-line Python overhead, so a batch is decoded at once.
 Each line that is a plain ``step`` record takes a fast path: parsed by orjson when installed,
 else scanned in place by the stdlib's C JSON scanner over the batch decoded in one call (no
 per-line ``str``); then the batch is validated a column at a time with the rules of
 ``validate_record``. Any other line — non-step records, the strings ``"NaN"``/``"Infinity"``/
-``"-Infinity"`` (which ``decode_line`` turns into floats), escapes, surrounding blanks, bad
-UTF-8, anything malformed or invalid — is decoded by ``decode_line`` itself, so the paths cannot
-disagree on what a valid record is. Pure: no I/O.
+``"-Infinity"`` (which ``decode_record`` turns into floats), bare ``NaN`` tokens and records
+without ``type`` (other writers'), escapes, surrounding blanks, bad UTF-8, anything malformed or
+invalid — is decoded by ``decode_record`` itself, so the paths cannot disagree on what a valid
+record is. The raw line of each record is kept to be sent as it is, strict JSON already; a
+normalized record (bare token, no ``type``) is re-encoded instead. Pure: no I/O.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -20,21 +21,17 @@ from operator import is_not
 from typing import Any
 
 # The field-type rules of ``validate_record``, checked here a column at a time.
-from gradmon.jsonl import RecordError, decode_line, validate_record
+from gradmon.jsonl import STRICT_DECODER, RecordError, decode_record, encode_record, validate_record
 from gradmon.schema import INT_FIELDS, NUMBER_FIELDS
 
 __all__ = ["ParsedLines", "parse_lines"]
 
+# A strict scanner (RFC 8259): a line with a bare NaN/Infinity token fails here and takes the slow
+# path (``decode_record`` reads it, and the record is re-encoded); no control characters in
+# strings, so a value can never run past its line's end.
+_SCAN = STRICT_DECODER.scan_once
 
-def _reject_constant(token: str) -> None:
-    raise RecordError(f"non-standard JSON token {token}")
-
-
-# The same scanner ``json.loads(line, parse_constant=...)`` uses (strict: no control characters
-# in strings, so a value can never run past its line's end).
-_SCAN = json.JSONDecoder(parse_constant=_reject_constant).scan_once
-
-try:  # optional: a C JSON parser about twice as fast as the stdlib's on metric lines
+try:  # optional: a faster C JSON parser (see benchmarks/README.md)
     from orjson import loads as _orjson_loads
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson_loads = None
@@ -77,11 +74,11 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
         # orjson allows blanks around a value (a line whose raw form must be stripped first):
         # look for them line by line only when the batch has any.
         blanks = b" " in blob or b"\t" in blob or b"\r" in blob  # (compact JSON has no blanks)
-        decoded = _candidates_orjson(lines, blanks)
+        decoded, typeless = _candidates_orjson(lines, blanks)
     else:
-        decoded = _candidates_stdlib(lines, blob)
+        decoded, typeless = _candidates_stdlib(lines, blob)
     # Lines that may hold the strings "NaN"/"Infinity"/"-Infinity" (an escape can spell them too)
-    # go to decode_line, which turns them into floats.
+    # go to decode_record, which turns them into floats.
     if b'NaN"' in blob or b'Infinity"' in blob or b"\\" in blob:
         for i, (_end, line) in enumerate(lines):
             if decoded[i] is not None and (b'NaN"' in line or b'Infinity"' in line or b"\\" in line):  # type: ignore[operator]
@@ -90,7 +87,7 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
         if b"true" in blob else set()
     slow = [i for i, r in enumerate(decoded) if r is None] if decoded.count(None) else []
     if _all_valid([r for r in decoded if r is not None] if slow else decoded):
-        return _assemble(lines, start, decoded, slow, flagged, out)
+        return _assemble(lines, start, decoded, slow, flagged, typeless, out)
     records, offsets, raw, check = out.records, out.offsets, out.raw, out.check
     offset = start
     for i, (end, line) in enumerate(lines):
@@ -103,18 +100,16 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
             else:
                 if i in flagged:
                     check.append(len(records))
-                raw.append(line)  # type: ignore[arg-type]
+                raw.append(_typed(line) if i in typeless else line)  # type: ignore[arg-type]
         if rec is None:
-            try:
-                rec = decode_line(line) if line is not None else None
-            except (RecordError, RecursionError):
-                rec = None
-            if rec is None:
+            slow = _decode_slow(line)
+            if slow is None:
                 out.malformed += 1
                 offset = end
                 continue
+            rec = slow[0]
             check.append(len(records))
-            raw.append(line.strip())  # type: ignore[union-attr]
+            raw.append(slow[1])
         records.append(rec)
         offsets.append(offset)
         offset = end
@@ -122,26 +117,24 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
 
 
 def _assemble(lines: Sequence[tuple[int, bytes | None]], start: int, decoded: list[Any],
-              slow: list[int], flagged: set[int], out: ParsedLines) -> ParsedLines:
-    """The result when every fast-path record is valid: ``decode_line`` decides the lines at
+              slow: list[int], flagged: set[int], typeless: set[int], out: ParsedLines) -> ParsedLines:
+    """The result when every fast-path record is valid: ``decode_record`` decides the lines at
     positions ``slow`` only (the common batch has none)."""
     raw: list[Any] = [ln for _e, ln in lines]
+    for i in typeless:
+        if decoded[i] is not None:
+            raw[i] = _typed(raw[i])
     offsets = [e for e, _ln in lines]  # each line starts where the one before ended
     offsets.pop()
     offsets.insert(0, start)
     check = set(flagged)
     bad: list[int] = []
     for i in slow:
-        line = raw[i]
-        try:
-            rec = decode_line(line) if line is not None else None
-        except (RecordError, RecursionError):
-            rec = None
-        if rec is None:
+        got = _decode_slow(raw[i])
+        if got is None:
             bad.append(i)
             continue
-        decoded[i] = rec
-        raw[i] = line.strip()
+        decoded[i], raw[i] = got
         check.add(i)
     if bad:
         out.malformed = len(bad)
@@ -155,20 +148,54 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], start: int, decoded: li
     return out
 
 
-def _candidates_stdlib(lines: Sequence[tuple[int, bytes | None]], blob: bytes) -> list[Any]:
-    """Per line: the ``step`` record it holds when the stdlib scanner reads it as one JSON object
-    filling the whole line, else ``None`` (``decode_line`` decides)."""
+def _typed(line: bytes) -> bytes:
+    """A fast-path line of a step record without ``type`` (``{...}``, no blanks around, not
+    empty), given ``"type": "step"`` first: strict JSON as it is sent on."""
+    return b'{"type":"step",' + line[1:]
+
+
+def _step_record(obj: Any, i: int, typeless: set[int]) -> dict | None:
+    """``obj`` when it is a step record; another writer's step record (no ``type``, an integer
+    ``step``) given ``"type": "step"`` (its index noted in ``typeless``); else ``None``."""
+    if type(obj) is not dict:
+        return None
+    kind = obj.get("type")
+    if kind == "step":
+        return obj
+    if kind is None and "type" not in obj and type(obj.get("step")) is int:
+        typeless.add(i)
+        return {"type": "step", **obj}
+    return None
+
+
+def _decode_slow(line: bytes | None) -> tuple[dict, bytes] | None:
+    """``decode_record`` of a line off the fast path: the record and the line to pass on (the line
+    itself, stripped, or the record re-encoded when it was normalized); ``None`` when invalid."""
+    if line is None:
+        return None
+    try:
+        rec, normalized = decode_record(line)
+    except (RecordError, RecursionError):
+        return None
+    return rec, (encode_record(rec).rstrip("\n").encode("utf-8") if normalized else line.strip())
+
+
+def _candidates_stdlib(lines: Sequence[tuple[int, bytes | None]], blob: bytes) -> tuple[list[Any], set[int]]:
+    """Per line: the ``step`` record it holds (:func:`_step_record`) when the stdlib scanner reads
+    it as one JSON object filling the whole line, else ``None`` (``decode_record`` decides); and
+    the positions of the records that had no ``type``."""
+    typeless: set[int] = set()
     try:
         text = blob.decode("utf-8")
     except UnicodeDecodeError:
         text = ""
     if len(text) != len(blob):  # not ASCII (or not UTF-8): character and byte offsets differ
-        return [None] * len(lines)
+        return [None] * len(lines), typeless
     scan = _SCAN
     decoded: list[Any] = []
     append = decoded.append
     pos = 0  # of the current line in ``text`` (the lines are joined by one "\n")
-    for _end, line in lines:
+    for i, (_end, line) in enumerate(lines):
         if line is None:
             append(None)
             pos += 1
@@ -178,20 +205,21 @@ def _candidates_stdlib(lines: Sequence[tuple[int, bytes | None]], blob: bytes) -
             obj, e = scan(text, pos)
         except (StopIteration, ValueError, RecursionError):
             e = -1
-        append(obj if e == stop and type(obj) is dict and obj.get("type") == "step" else None)
+        append(_step_record(obj, i, typeless) if e == stop else None)
         pos = stop + 1
-    return decoded
+    return decoded, typeless
 
 
-def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], blanks: bool) -> list[Any]:
+def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], blanks: bool) -> tuple[list[Any], set[int]]:
     """As :func:`_candidates_stdlib`, parsed by orjson. Where orjson and the stdlib differ, the
     line is not a candidate or the difference cannot matter: orjson refuses lone surrogates and
-    ``1e999`` (left to ``decode_line``), and reads integers beyond 64 bits as floats, which
-    ``validate_record`` refuses in integer fields (then ``decode_line`` decides) and which the
+    ``1e999`` (left to ``decode_record``), and reads integers beyond 64 bits as floats, which
+    ``validate_record`` refuses in integer fields (then ``decode_record`` decides) and which the
     index turns into floats anyway: the one difference in the result, a step record's huge
-    integer value given as a float. Non-step records are left to ``decode_line`` (kept whole)."""
+    integer value given as a float. Non-step records are left to ``decode_record``."""
     loads = _orjson_loads
     texts = [ln for _e, ln in lines]
+    typeless: set[int] = set()
     try:  # the common batch, without a Python loop per line: every line parses
         objs = list(map(loads, texts))  # type: ignore[arg-type]
     except (ValueError, TypeError):
@@ -199,28 +227,31 @@ def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], blanks: bool) 
     else:
         if set(map(type, objs)) == {dict}:
             kinds = list(map(dict.get, objs, repeat("type")))
-            not_candidates = [i for i, k in enumerate(kinds) if k != "step"] \
-                if kinds.count("step") != len(objs) else []  # other records are decode_line's
+            not_candidates = []
+            if kinds.count("step") != len(objs):  # other records are decode_record's
+                for i, k in enumerate(kinds):
+                    if k != "step" and (rec := _step_record(objs[i], i, typeless)) is not None:
+                        objs[i] = rec  # another writer's step record
+                    elif k != "step":
+                        not_candidates.append(i)
             if blanks:  # (bytes.strip returns the very same object when there is nothing to strip)
                 padded = list(map(is_not, texts, map(bytes.strip, texts)))  # type: ignore[arg-type]
                 if True in padded:
                     not_candidates += [i for i, p in enumerate(padded) if p]
             for i in not_candidates:
                 objs[i] = None
-            return objs
+            return objs, typeless
     decoded: list[Any] = []
     append = decoded.append
-    for _end, line in lines:
+    for i, (_end, line) in enumerate(lines):
         try:
             obj = loads(line)  # type: ignore[misc]
         except (ValueError, TypeError):
             append(None)
             continue
-        ok = type(obj) is dict and obj.get("type") == "step"
-        if ok and blanks:
-            ok = line[:1] == b"{" and line[-1:] == b"}"  # type: ignore[index]
-        append(obj if ok else None)
-    return decoded
+        ok = not blanks or (line[:1] == b"{" and line[-1:] == b"}")  # type: ignore[index]
+        append(_step_record(obj, i, typeless) if ok else None)
+    return decoded, typeless
 
 
 def _all_valid(recs: list[Any]) -> bool:

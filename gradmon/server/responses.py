@@ -6,16 +6,24 @@ import email.utils
 import gzip
 import http
 import mimetypes
+import re
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
 from gradmon.server.hub import dumps
 
-__all__ = ["PAGE_CSP", "HttpError", "content_type", "json_response", "response", "safe_relpath"]
+__all__ = [
+    "MAX_QUERY_FIELDS", "MAX_TARGET", "PAGE_CSP", "HttpError", "accepts_gzip", "compress", "content_type",
+    "encoded_json_response", "int_param", "json_body", "json_response", "response", "safe_relpath",
+    "split_target",
+]
 
+MAX_TARGET = 8192  # bytes of a request target (path and query)
+MAX_QUERY_FIELDS = 50
+_INTEGER = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: int() would take "1_000" and "٣"
 _GZIP_MIN = 32 << 10  # compress JSON bodies above this size when the client accepts gzip
 
 # The page loads only its own assets; ECharts sets inline styles, hence 'unsafe-inline' for styles.
@@ -34,17 +42,35 @@ class HttpError(Exception):
         self.headers = headers or {}
 
 
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    return bool(accept_encoding) and "gzip" in accept_encoding.lower()  # type: ignore[union-attr]
+
+
+def compress(body: bytes, gzip_ok: bool) -> tuple[bytes, bool]:
+    """``body`` gzip-compressed when the client accepts it and it is large enough to gain."""
+    if gzip_ok and len(body) >= _GZIP_MIN:
+        return gzip.compress(body, compresslevel=5), True
+    return body, False
+
+
+def json_body(obj: Any, gzip_ok: bool) -> tuple[bytes, bool]:
+    """Strict JSON bytes of ``obj`` (non-finite numbers as strings), compressed as :func:`compress`."""
+    return compress(dumps(obj).encode("utf-8"), gzip_ok)
+
+
 def response(status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None,
-             accept_encoding: str | None = None) -> Response:
-    """A complete HTTP response (the connection closes after it)."""
+             accept_encoding: str | None = None, gzipped: bool = False) -> Response:
+    """A complete HTTP response (the connection closes after it). ``gzipped``: ``body`` is
+    compressed already (see :func:`compress`); else it is compressed here when worth it."""
     h = Headers()
     h["Date"] = email.utils.formatdate(usegmt=True)
     h["Connection"] = "close"
     h["Content-Type"] = content_type
     h["X-Content-Type-Options"] = "nosniff"
     h["Referrer-Policy"] = "no-referrer"
-    if accept_encoding and "gzip" in accept_encoding.lower() and len(body) >= _GZIP_MIN:
-        body = gzip.compress(body, compresslevel=5)
+    if not gzipped:
+        body, gzipped = compress(body, accepts_gzip(accept_encoding))
+    if gzipped:
         h["Content-Encoding"] = "gzip"
         h["Vary"] = "Accept-Encoding"
     h["Content-Length"] = str(len(body))
@@ -53,13 +79,21 @@ def response(status: int, body: bytes, content_type: str, headers: dict[str, str
     return Response(status, http.HTTPStatus(status).phrase, h, body)
 
 
+JSON_TYPE = "application/json; charset=utf-8"
+
+
 def json_response(status: int, obj: Any, headers: dict[str, str] | None = None,
                   accept_encoding: str | None = None) -> Response:
     """A strict-JSON response (non-finite numbers as strings), never cached."""
-    hdrs = {"Cache-Control": "no-store"}
-    hdrs.update(headers or {})
-    return response(status, dumps(obj).encode("utf-8"), "application/json; charset=utf-8", hdrs,
-                    accept_encoding)
+    body, gzipped = json_body(obj, accepts_gzip(accept_encoding))
+    return encoded_json_response(status, body, gzipped, headers)
+
+
+def encoded_json_response(status: int, body: bytes, gzipped: bool,
+                          headers: dict[str, str] | None = None) -> Response:
+    """A JSON response from a body encoded already (:func:`json_body`), never cached."""
+    hdrs = {"Cache-Control": "no-store", **(headers or {})}
+    return response(status, body, JSON_TYPE, hdrs, gzipped=gzipped)
 
 
 def content_type(name: str) -> str:
@@ -80,3 +114,31 @@ def safe_relpath(raw: str) -> str:
             or any(seg in ("", ".", "..") for seg in name.split("/"))):
         raise HttpError(400, f"invalid path: {raw[:200]!r}")
     return name
+
+
+def split_target(raw: str) -> tuple[str, dict[str, list[str]]]:
+    """The path and the parsed query of a request target; ``400`` for anything malformed (not
+    absolute, too long, a netloc that is not one, more than ``MAX_QUERY_FIELDS`` fields)."""
+    if not raw.startswith("/") or len(raw) > MAX_TARGET:
+        raise HttpError(400, "bad request target")
+    try:
+        url = urlsplit(raw)
+        query = parse_qs(url.query, keep_blank_values=True, max_num_fields=MAX_QUERY_FIELDS) \
+            if url.query else {}
+    except ValueError as exc:  # e.g. "//[" (an IPv6 netloc) or too many fields
+        raise HttpError(400, f"bad request target: {exc}") from None
+    return url.path, query
+
+
+def int_param(query: dict[str, list[str]], name: str, lo: int, hi: int) -> int | None:
+    """An optional integer query parameter (the last one given) in ``[lo, hi]``; ``400`` otherwise."""
+    values = query.get(name)
+    if not values or values[-1] == "":
+        return None
+    raw = values[-1]
+    if not _INTEGER.fullmatch(raw):
+        raise HttpError(400, f"parameter {name!r} must be an integer, got {raw[:50]!r}")
+    v = int(raw)
+    if not lo <= v <= hi:
+        raise HttpError(400, f"parameter {name!r} must be in [{lo}, {hi}], got {v}")
+    return v

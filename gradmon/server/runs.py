@@ -91,7 +91,6 @@ class Batch:
     prev: int
     cursor: int
     lines: list[bytes]  # the raw valid lines, strict JSON already (sent as they are)
-    records: list[dict]
     status_changing: bool = False  # holds a header or an end record (the run's status may change)
 
 
@@ -141,7 +140,7 @@ class Run:
         if res.lines and self.tailer.gen is not None:
             marks_status = self.index.status_records
             parsed = self.index.add_lines(res.lines, prev)
-            batch = Batch(self.tailer.gen, prev, self.tailer.offset, parsed.raw, parsed.records,
+            batch = Batch(self.tailer.gen, prev, self.tailer.offset, parsed.raw,
                           self.index.status_records != marks_status)
         if not res.more:
             self.indexing = False

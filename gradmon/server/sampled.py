@@ -36,7 +36,7 @@ class SampledSeries:
 
     A point at the same step and segment as the field's previous point replaces it (training did
     not advance between two samples: the newest sample wins, as on the page). Records of earlier
-    segments that a later segment overrides (``cutoffs``, see ``RunIndex.cutoffs``) are left out of
+    segments that a later segment overrides (``cutoffs``, see ``Segments.cutoffs``) are left out of
     queries, and dropped first when a field is compacted."""
 
     def __init__(self, cap: int = 20_000, max_fields: int = 64) -> None:
@@ -76,6 +76,15 @@ class SampledSeries:
         pts.values = array("d", (pts.values[i] for i in idx))
         pts.seg = array("I", (pts.seg[i] for i in idx))
         self.compactions += 1
+
+    def copy(self) -> SampledSeries:
+        """An independent copy (the arrays are copied: cheap, no per-point work)."""
+        out = SampledSeries(self.cap, self.max_fields)
+        out.compactions = self.compactions
+        for name, pts in self.fields.items():
+            c = out.fields[name] = _Points()
+            c.steps, c.values, c.seg = array("q", pts.steps), array("d", pts.values), array("I", pts.seg)
+        return out
 
     def names(self) -> list[str]:
         return list(self.fields)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from gradmon.lines import MAX_LINE_BYTES, LineSplitter
 
-__all__ = ["MAX_LINE_BYTES", "FileTailer", "LineSplitter", "TailResult", "make_gen", "read_lines"]
+__all__ = ["FileTailer", "TailResult", "make_gen", "read_lines"]
 
 _GEN_PREFIX_BYTES = 256  # of the first line (header: run_id, start_time) that go into the gen id
 _FIRST_LINE_PROBE = 4096  # bytes read to find the first line when computing the gen id

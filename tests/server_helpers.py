@@ -1,15 +1,21 @@
-"""Helpers shared by the server tests (no tests here): run logs, raw HTTP, waiting on WS messages."""
+"""Helpers the server tests import (no tests here): run logs, raw HTTP, waiting on WS messages."""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import http.client
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
+from unittest import mock
 
 from gradmon.jsonl import encode_record
+from gradmon.server import history
+from gradmon.server.history import HistoryOptions, answer_series, build_job
+from gradmon.server.index import RunIndex
 
 DEADLINE_S = 15.0
 
@@ -112,3 +118,44 @@ class StreamFollower:
 
     def steps(self, run: str) -> list[int]:
         return [r["step"] for r in self.records[run] if r["type"] == "step"]
+
+
+def lines_of(records: list[dict], start: int = 0, width: int | None = None) -> list[tuple[int, bytes]]:
+    """The records as a file's lines: ``(end_offset, line)`` pairs as ``tail.read_lines`` gives
+    them. ``width``: pad each line to that many bytes (newline included), so record ``i`` starts at
+    byte ``start + i * width``."""
+    pairs, end = [], start
+    for r in records:
+        line = encode_record(r).rstrip("\n").encode()
+        if width is not None:
+            line = line[:-1] + b',"pad":"' + b"x" * (width - len(line) - 10) + b'"}'
+            assert len(line) + 1 == width, "record too long for the width"
+        end += len(line) + 1
+        pairs.append((end, line))
+    return pairs
+
+
+def index_of(records: list[dict], batch: int = 1000) -> RunIndex:
+    """A run index of these records, fed as the tailer feeds it (batches of lines)."""
+    idx = RunIndex()
+    pairs = lines_of(records)
+    for k in range(0, len(pairs), batch):
+        idx.add_lines(pairs[k:k + batch], pairs[k - 1][0] if k else 0)
+    return idx
+
+
+def answer_from_memory(idx: RunIndex, pairs: list[tuple[int, bytes]], start: int, end: int, points: int,
+                       ) -> tuple[Any, dict, bool]:
+    """``(plan, series, exact)`` as the server answers a history request (``history.build_job``
+    then ``answer_series``), the run's file being ``pairs`` in memory."""
+    ends = [e for e, _ in pairs]
+
+    def read(_path: str, lo: int, hi: int, *_a: Any) -> list[tuple[int, bytes]]:
+        return pairs[bisect.bisect_right(ends, lo):bisect.bisect_right(ends, hi)]
+
+    run = SimpleNamespace(name="r", path="<memory>", index=idx,
+                          cursor=lambda: {"gen": "g", "offset": ends[-1]})
+    job = build_job(run, HistoryOptions(points, start, end))
+    with mock.patch.object(history, "read_lines", read):
+        series, exact = answer_series(job)
+    return job.plan, series, exact

@@ -1,0 +1,138 @@
+"""History answers: from a request's options to the encoded response body, in one call.
+
+:func:`build_job` runs on the event loop and only takes what the answer needs, cheaply and
+consistently with the run's cursor: the plan (``RunIndex.plan_history``: the pyramid's points, or
+the byte range to read back) and a snapshot of the rest of the index. :func:`answer` does
+everything proportional to the data — reading byte ranges back and decoding them
+(``readback.py``), merging, the marks, eval, system and events of the range, JSON encoding and
+gzip — and is a pure function of the job (file reads aside), which the server runs in a worker
+process (``worker.py``) so that live pushes never wait for it.
+
+:class:`HistoryOptions` is everything a request asks for, in one object: a new query option
+(e.g. smoothing) is a field there, parsed in ``from_query`` and applied in ``answer``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from gradmon.server.index import IndexSnapshot
+from gradmon.server.query import HistoryPlan
+from gradmon.server.readback import Series, merge_series, series_from_lines
+from gradmon.server.responses import HttpError, int_param, json_body
+from gradmon.server.steps import Mark
+from gradmon.server.tail import read_lines
+
+__all__ = [
+    "DEFAULT_POINTS", "MAX_POINTS", "HistoryJob", "HistoryOptions", "add_marks", "answer", "answer_series",
+    "build_job",
+]
+
+DEFAULT_POINTS = 2000
+MAX_POINTS = 100_000
+_STEP_BOUND = 2**62
+
+
+@dataclass(frozen=True)
+class HistoryOptions:
+    """What a history request asks for (docs/protocol.md): about ``points`` points per series of
+    the steps in ``[start, end]`` (``None``: the run's first / last step)."""
+
+    points: int = DEFAULT_POINTS
+    start: int | None = None
+    end: int | None = None
+
+    @classmethod
+    def from_query(cls, query: dict[str, list[str]]) -> HistoryOptions:
+        """The options of a request's query parameters; ``HttpError(400)`` for bad ones."""
+        points = int_param(query, "points", 4, MAX_POINTS) or DEFAULT_POINTS
+        start = int_param(query, "start", -_STEP_BOUND, _STEP_BOUND)
+        end = int_param(query, "end", -_STEP_BOUND, _STEP_BOUND)
+        if start is not None and end is not None and start > end:
+            raise HttpError(400, f"start ({start}) is after end ({end})")
+        return cls(points, start, end)
+
+    @property
+    def lo(self) -> float:
+        return -math.inf if self.start is None else self.start
+
+    @property
+    def hi(self) -> float:
+        return math.inf if self.end is None else self.end
+
+
+@dataclass
+class HistoryJob:
+    """Everything :func:`answer` needs, picklable: no reference to the live index."""
+
+    run: str
+    path: str
+    cursor: dict[str, Any]  # {"gen", "offset"}: the file is complete up to here; nothing after it is read
+    options: HistoryOptions
+    plan: HistoryPlan
+    index: IndexSnapshot
+    gzip_ok: bool = False
+
+
+def build_job(run: Any, options: HistoryOptions, gzip_ok: bool = False) -> HistoryJob:
+    """Take what a history answer needs from a run (``runs.Run``) and its index, on the loop."""
+    idx = run.index
+    cursor = run.cursor()
+    plan = idx.plan_history(options.lo, options.hi, options.points, cursor["offset"])
+    return HistoryJob(run.name, run.path, cursor, options, plan, idx.snapshot(), gzip_ok)
+
+
+def add_marks(series: Series, marks: list[Mark]) -> None:
+    """Put every mark's point into its series (so no spike or NaN is ever sampled away)."""
+    extra: dict[str, list[tuple[int, float]]] = {}
+    for step, _kind, name, value in marks:
+        if value is not None and name in series:
+            extra.setdefault(name, []).append((step, value))
+    merge_series(series, {n: ([p[0] for p in pts], [p[1] for p in pts]) for n, pts in extra.items()})
+
+
+def answer_series(job: HistoryJob) -> tuple[Series, bool]:
+    """The series of the answer and whether they are exact: the plan's pyramid points merged with
+    the edge buckets read back, or the planned byte range read back (and downsampled); with every
+    mark of the range in its series unless exact."""
+    plan, opts, end = job.plan, job.options, job.cursor["offset"]
+    if plan.kind == "pyramid":
+        series = dict(plan.series)
+        for lo_b, hi_b, s_lo, s_hi in plan.edges:  # each: first/last/min/max of the steps kept
+            lines = read_lines(job.path, lo_b, min(hi_b, end))
+            merge_series(series, series_from_lines(lines, s_lo, s_hi, 4)[0])
+        exact = False
+    else:
+        lines = read_lines(job.path, plan.byte_lo, min(plan.byte_hi, end))
+        series, exact = series_from_lines(lines, opts.lo, opts.hi, opts.points, plan.byte_lo, plan.cutoffs)
+    if not exact:
+        add_marks(series, job.index.visible_marks(opts.lo, opts.hi))
+    return series, exact
+
+
+def answer(job: HistoryJob) -> tuple[bytes, bool]:
+    """The encoded response body of a history request, and whether it is gzip-compressed."""
+    series, exact = answer_series(job)
+    opts, idx = job.options, job.index
+    lo, hi = opts.lo, opts.hi
+    body = {
+        "run": job.run,
+        "cursor": job.cursor,
+        "exact": exact,
+        "start": opts.start if opts.start is not None else idx.min_step,
+        "end": opts.end if opts.end is not None else idx.max_step,
+        "points": opts.points,
+        "eval": idx.eval_in(lo, hi),
+        "system": idx.system_in(lo, hi, opts.points),
+        "layers": idx.layers,
+        "marks": idx.marks_in(lo, hi),
+        "events": idx.events_in(lo, hi),
+        "headers": idx.headers,
+        "malformed": idx.malformed,
+        "marks_dropped": idx.marks_dropped,
+        "events_dropped": idx.events_dropped,
+        "series": {n: {"step": s, "value": v} for n, (s, v) in series.items()},
+    }
+    return json_body(body, job.gzip_ok)

@@ -1,0 +1,110 @@
+"""Series of step records read back from the file: a zoomed range at full resolution, or the
+base buckets at a range's edges (``query.HistoryPlan``). Pure functions (the caller reads).
+
+Decoded a chunk at a time, keeping only columns: a 100k-line read never holds 100k dicts.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from itertools import chain, repeat
+from operator import itemgetter
+from typing import Any
+
+from gradmon.schema import MARK_FLAGS, NOT_SERIES
+from gradmon.server.downsample import downsample_indices
+from gradmon.server.parse import parse_lines
+from gradmon.server.steps import TS
+from gradmon.server.values import FAST_TYPES, number, plain_floats
+
+__all__ = ["SERIES_CHUNK", "Series", "merge_series", "series_from_lines"]
+
+SERIES_CHUNK = 8_192  # lines decoded at a time when reading a range back
+
+Series = dict[str, tuple[list[int], list[float]]]  # name -> (steps, values), in step order
+
+
+def merge_series(into: Series, extra: Series) -> None:
+    """Add ``extra``'s points to ``into`` (in place), keeping each series in step order."""
+    for name, (steps, values) in extra.items():
+        if not steps:
+            continue
+        old_s, old_v = into.get(name, ([], []))
+        pts = sorted(set(zip(old_s, _values_key(old_v))) | set(zip(steps, _values_key(values))),
+                     key=lambda p: p[0])
+        into[name] = ([p[0] for p in pts], [_unkey(p[1]) for p in pts])
+
+
+def _values_key(values: Iterable[float]) -> list[Any]:
+    """Values made hashable-and-equal for de-duplication (NaN != NaN otherwise)."""
+    return [("nan",) if isinstance(v, float) and math.isnan(v) else v for v in values]
+
+
+def _unkey(v: Any) -> float:
+    return math.nan if v == ("nan",) else v
+
+
+def series_from_lines(lines: Iterable[tuple[int, bytes | None]], start: float, end: float,
+                      points: int, first_offset: int = 0, cutoffs: Sequence[tuple[int, float]] = ()
+                      ) -> tuple[Series, bool]:
+    """Series of the step records among ``lines`` (the first starting at byte ``first_offset``)
+    with steps in ``[start, end]`` (the numeric fields and ``ts``), in file order. ``cutoffs``
+    (``Segments.byte_cutoffs()``) leaves out the records a later segment overrides.
+
+    Returns ``(series, exact)``: all points when there are at most ``points`` records, else each
+    series downsampled to ``points // 4`` buckets keeping flagged steps and non-finite values.
+    """
+    lines = lines if isinstance(lines, list) else list(lines)
+    seg_starts = [o for o, _c in cutoffs]
+    steps: list[int] = []
+    columns: dict[str, list[Any]] = {}  # every key, in order of first appearance
+    flagged: set[int] = set()  # positions of records with a flag set
+    offset = first_offset
+    for k in range(0, len(lines), SERIES_CHUNK):
+        chunk = lines[k:k + SERIES_CHUNK]
+        parsed = parse_lines(chunk, offset)
+        offset = chunk[-1][0]
+        recs = [r for r, o in zip(parsed.records, parsed.offsets)
+                if r["type"] == "step" and start <= r["step"] <= end
+                and (not cutoffs or r["step"] < cutoffs[max(0, bisect_right(seg_starts, o) - 1)][1])]
+        if not recs:
+            continue
+        for name in dict.fromkeys(chain.from_iterable(recs)):
+            if name not in columns:
+                columns[name] = [None] * len(steps)
+        for flag, _kind in MARK_FLAGS:
+            if flag in columns:
+                column = list(map(dict.get, recs, repeat(flag)))
+                if True in column:
+                    flagged.update(len(steps) + i for i, v in enumerate(column) if v is True)
+        for name, column in columns.items():
+            column.extend(map(dict.get, recs, repeat(name)))
+        steps.extend(map(itemgetter("step"), recs))
+    exact = len(steps) <= points
+    if not steps:
+        return {}, exact
+    series = {}
+    for name, column in columns.items():
+        if name in NOT_SERIES and name != TS:
+            continue
+        if set(map(type, column)).isdisjoint(FAST_TYPES):
+            continue  # no number at all (flags, text)
+        values = plain_floats(column, finite_only=name == TS)
+        if values is not None:  # the common column: a number in every record
+            s_steps, keep = steps, flagged
+        else:
+            pos = [i for i, raw in enumerate(column)
+                   if (v := number(raw)) is not None and (name != TS or math.isfinite(v))]
+            if not pos:
+                continue
+            values = [number(column[i]) for i in pos]  # type: ignore[misc]
+            s_steps = [steps[i] for i in pos]
+            keep = {k for k, i in enumerate(pos) if i in flagged} if flagged else set()
+        if not exact:
+            idx = downsample_indices(values, max(1, points // 4), keep)
+            s_steps = [s_steps[i] for i in idx]
+            values = [values[i] for i in idx]
+        series[name] = (list(s_steps), values)
+    return series, exact

@@ -1,0 +1,192 @@
+"""The step records of a run, indexed: their numeric fields, their marks, and the min/max pyramid.
+
+Building is batched for speed: step records are held in the *open bucket* as decoded, and a bucket
+is summarized a column at a time with C builtins (``min``/``max``/``index``) when it closes (see
+benchmarks/README.md for the speed). Only the few records that may carry marks (a ``true`` flag, a
+non-finite value: ``parse.ParsedLines.check``) are looked at one by one. Non-finite values and
+flagged steps (spike, skipped, nonfinite) are kept as *marks*, capped.
+
+Pure data structure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from itertools import repeat
+from operator import itemgetter
+from typing import Any
+
+from gradmon.schema import MARK_FLAGS, NOT_SERIES
+from gradmon.server.pyramid import BUCKET, Pyramid, Summary, column_summary
+from gradmon.server.values import number
+
+__all__ = ["MAX_FIELDS", "MAX_MARKS", "TS", "Mark", "StepSeries"]
+
+MAX_FIELDS = 128  # numeric fields indexed per run (a run logging thousands of names is capped)
+MAX_MARKS = 20_000
+
+# The wall-clock field: not listed in a run's ``fields``, but indexed and returned as the history
+# series ``ts`` (steps -> Unix seconds), so a page can place any step in time.
+TS = "ts"
+
+Mark = tuple[int, str, str, float]  # (step, kind, field, value)
+
+
+class StepSeries:
+    """What the index keeps of a run's step records."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last_step: int | None = None
+        self.min_step: int | None = None
+        self.max_step: int | None = None
+        self.fields: list[str] = []
+        self._field_set: set[str] = set()
+        self._has_ts = False  # some step record had a finite ``ts``: history has a ``ts`` series
+        # Keys of step records seen so far: a record with only known keys needs no field discovery.
+        self._known: set[str] = set(NOT_SERIES - {TS}) | {"type"}
+        self._text_names: set[str] = set()  # keys seen with non-number, non-bool values only
+        self.pyramid = Pyramid()
+        # The open bucket: step records not yet summarized (fewer than BUCKET), in file order.
+        self._ob_recs: list[dict] = []
+        self._ob_steps: list[int] = []
+        self._ob_offset = 0
+        self._ob_marked: set[int] = set()  # positions in the open bucket whose marks are taken
+        self._ob_cache: tuple[int, Summary] | None = None
+        self.marks: list[Mark] = []
+        self.mark_segments = array("I")  # segment of each mark
+        self.marks_dropped = 0
+        self._segment = 0
+
+    def series_names(self) -> list[str]:
+        """The names of the history series: the numeric fields, then ``ts`` when known."""
+        return [*self.fields, TS] if self._has_ts else list(self.fields)
+
+    def add(self, recs: list[dict], offsets: list[int], check: list[int], segment: int) -> tuple[int, int]:
+        """Index consecutive step records (starting at byte ``offsets[i]``) of ``segment``;
+        ``check``: positions of those that may carry marks. Whole slices go into the open bucket.
+        Returns their smallest and largest step."""
+        self._segment = segment
+        steps = list(map(itemgetter("step"), recs))
+        self.count += len(recs)
+        self.last_step = steps[-1]
+        lo, hi = min(steps), max(steps)
+        self.min_step = lo if self.min_step is None else min(self.min_step, lo)
+        self.max_step = hi if self.max_step is None else max(self.max_step, hi)
+        if not all(map(self._known.issuperset, recs)):
+            for rec in recs:
+                if not self._known.issuperset(rec):
+                    self._discover(rec)
+        for c in check:
+            self._step_marks(recs[c], steps[c])
+        checks = iter(check)
+        c = next(checks, -1)
+        i, n = 0, len(recs)
+        while i < n:
+            ob = self._ob_recs
+            if not ob:
+                self._ob_offset = offsets[i]
+            j = min(n, i + BUCKET - len(ob))
+            while 0 <= c < j:
+                self._ob_marked.add(len(ob) + c - i)
+                c = next(checks, -1)
+            ob.extend(recs[i:j])
+            self._ob_steps.extend(steps[i:j])
+            if len(ob) >= BUCKET:
+                self.close_bucket()
+            i = j
+        self._ob_cache = None
+        return lo, hi
+
+    def close_bucket(self) -> None:
+        """Summarize the open bucket into the pyramid (early at a segment's start, so that no base
+        bucket holds two segments)."""
+        if not self._ob_recs:
+            return
+        self.pyramid.push(self._summarize(self._ob_recs, self._ob_steps, self._ob_offset, self._ob_marked))
+        self._ob_recs = []
+        self._ob_steps = []
+        self._ob_marked = set()
+        self._ob_cache = None
+
+    def open_summary(self) -> Summary | None:
+        """The open bucket's summary (computed on demand, cached until the bucket changes)."""
+        if not self._ob_recs:
+            return None
+        n = len(self._ob_recs)
+        if self._ob_cache is None or self._ob_cache[0] != n:
+            self._ob_cache = (n, self._summarize(self._ob_recs, self._ob_steps, self._ob_offset, None))
+        return self._ob_cache[1]
+
+    def visible_marks(self, start: float, end: float, cut: list[float]) -> list[Mark]:
+        """The marks with steps in ``[start, end]`` that no later segment overrides (``cut``:
+        ``Segments.cutoffs()``)."""
+        return [m for m, k in zip(self.marks, self.mark_segments)
+                if start <= m[0] <= end and m[0] < cut[k]]
+
+    def _discover(self, rec: dict) -> None:
+        """Register the numeric fields of a step record that has keys not seen before."""
+        for name, raw in rec.items():
+            if name in self._known:
+                continue
+            if number(raw) is None:
+                if not isinstance(raw, bool):  # flags stay flags; other values are re-checked
+                    self._text_names.add(name)
+                self._known.add(name)
+                continue
+            self._known.add(name)
+            self._text_names.discard(name)
+            self._add_field(name)
+
+    def _add_field(self, name: str) -> None:
+        if name == TS:
+            self._has_ts = True
+        elif name not in self._field_set and len(self.fields) < MAX_FIELDS:
+            self._field_set.add(name)
+            self.fields.append(name)
+
+    def _mark(self, step: int, kind: str, name: str, value: Any) -> None:
+        if len(self.marks) >= MAX_MARKS:
+            self.marks_dropped += 1
+            return
+        self.marks.append((step, kind, name, value))
+        self.mark_segments.append(self._segment)
+
+    def _step_marks(self, rec: dict, step: int) -> None:
+        """The marks of one step record: its non-finite field values, then its flags."""
+        nonfinite_marked = False
+        for name, raw in rec.items():
+            if name in self._field_set:
+                v = number(raw)
+                if v is not None and not math.isfinite(v):
+                    self._mark(step, "nonfinite", name, v)
+                    nonfinite_marked = True
+        for flag, kind in MARK_FLAGS:
+            if rec.get(flag) is True and not (kind == "nonfinite" and nonfinite_marked):
+                name = "grad_norm" if "grad_norm" in rec else "loss"
+                self._mark(step, kind, name, number(rec.get(name)))
+
+    def _summarize(self, recs: list[dict], steps: list[int], offset: int,
+                   marked: set[int] | None) -> Summary:
+        """The summary of consecutive step records, column by column (``marked``: positions whose
+        marks are taken; the others get theirs here if a value turns out non-finite)."""
+        out = Summary(offset)
+        out.n = len(steps)
+        out.lo = min(steps)
+        out.hi = max(steps)
+        for name in list(self._text_names):  # a key first seen with text values, now a number?
+            if any(number(r.get(name)) is not None for r in recs):
+                self._text_names.discard(name)
+                self._add_field(name)
+        for name in self.series_names():
+            f, nonfinite = column_summary(list(map(dict.get, recs, repeat(name))), steps)
+            if f is not None:
+                out.fields[name] = f
+            if nonfinite and marked is not None and name != TS:
+                # Non-finite values where no mark was expected (a literal like 1e999): mark them.
+                for i, r in enumerate(recs):
+                    v = number(r.get(name))
+                    if i not in marked and v is not None and not math.isfinite(v):
+                        self._mark(steps[i], "nonfinite", name, v)
+        return out
