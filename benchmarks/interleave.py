@@ -87,8 +87,9 @@ def run_interleaved(
             f"  warm {name}: first call {compile_info[name]['first_call_s']:.2f}s, "
             f"{compile_info[name]['warm_step_s'] * 1e3:.2f} ms/step"
         )
-    # Re-measure the baseline after everything compiled: the machine is warm now.
-    base_step = time_block(cells[baseline], inputs, max(1, warmup_steps)) / max(1, warmup_steps)
+    # Re-measure the baseline after everything compiled (the machine is warm now), by the timing clock.
+    base_steps = max(1, warmup_steps)
+    base_step = time_block(cells[baseline], inputs, base_steps, CLOCKS[clock]) / base_steps
     steps = steps_per_block(base_step, target_block_s, min_steps, max_steps)
     variants = [n for n in cells if n != baseline]
     order = bracket_schedule(variants, rounds, baseline)

@@ -137,9 +137,13 @@ def plan(smoke: bool) -> list[dict[str, Any]]:
                        "ring_scatter"],
         }
         return [{"model": "mlp", "settings": s, "timeout": 300}]
-    # Forms the micro table already ranks (stack, norm_each, select, concat_dot) stay out of the slow
-    # in-step runs; 6 rounds keep the section at ~3 minutes (the cell's own costs are in `step`).
-    ranked_only = ("norm_stack", "norm_norm_each", "clip_select", "norm_concat_dot")
+    # Forms the micro table already ranks (stack, norm_each, select, concat_dot, concat_l2loss), forms
+    # ruled out (l2loss clips: inaccurate; the stock clip: in `step`; the fused clip variants that did
+    # not beat a per-tensor multiply, docs/cells.md) stay out of the slow in-step runs; 6 rounds keep
+    # the section at ~4 minutes (the cell's own costs are in `step`).
+    ranked_only = ("norm_stack", "norm_norm_each", "clip_select", "norm_concat_dot", "norm_concat_l2loss",
+                   "clip_l2loss_minimum", "clip_stock", "norm_floor_touch", "clip_fused_scale",
+                   "clip_fused_coef_scale")
     in_step = [p for p in all_probes if p not in ranked_only]
     s = {
         "rounds": 6,
@@ -154,8 +158,7 @@ def plan(smoke: bool) -> list[dict[str, Any]]:
         **s,
         "min_steps": 2,
         "micro_calls": 3,
-        "probes": ["plain_copy", "norm_concat", "norm_fused", "norm_floor_read", "norm_floor_touch",
-                   "clip_minimum", "clip_fused_minimum"],
+        "probes": ["plain_copy", "norm_concat", "norm_fused", "norm_floor_read", "clip_fused_minimum"],
     }
     return [
         {"model": "mlp", "settings": s, "timeout": 300},

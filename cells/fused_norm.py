@@ -72,6 +72,7 @@ _build: dict[str, Any] = {}  # "library": Path, or "reason": str, once per proce
 
 
 def disabled_by_env() -> bool:
+    """``GRADMON_FUSED_NORM`` is 0/off/false/no: the kernel is off (no warning, no build)."""
     return os.environ.get(ENV_SWITCH, "").strip().lower() in ("0", "off", "false", "no")
 
 
