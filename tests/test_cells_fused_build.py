@@ -27,10 +27,15 @@ def _compiler_or_skip() -> str:
 
 
 @pytest.fixture(scope="module")
-def library(tmp_path_factory) -> Path:
+def cache_env(tmp_path_factory) -> dict:
+    return {**os.environ, "XDG_CACHE_HOME": str(tmp_path_factory.mktemp("cache"))}
+
+
+@pytest.fixture(scope="module")
+def library(cache_env) -> Path:
+    """The library built once for this module into an empty per-test cache."""
     _compiler_or_skip()
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path_factory.mktemp("cache"))}
-    return B.ensure_library(SOURCE, "gradmon_fused_norm", "test", environ=env)
+    return B.ensure_library(SOURCE, "gradmon_fused_norm", "test", environ=cache_env)
 
 
 # --------------------------------------------------------------------------------- pure functions
@@ -66,18 +71,18 @@ def test_find_compiler_honours_the_env_and_says_what_is_missing(tmp_path):
 
 
 # --------------------------------------------------------------------------------------- building
-def test_builds_once_into_the_cache(tmp_path, monkeypatch):
-    _compiler_or_skip()
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
-    lib = B.ensure_library(SOURCE, "gradmon_fused_norm", "test", environ=env)
-    assert lib.is_file() and lib.parent.parent == tmp_path / "gradmon" / "kernels"
-    assert [p.name for p in lib.parent.iterdir()] == [lib.name], "no temporary file is left behind"
+def test_builds_once_into_the_cache(library, cache_env, monkeypatch):
+    assert library.is_file()
+    assert library.parent.parent == Path(cache_env["XDG_CACHE_HOME"]) / "gradmon" / "kernels"
+    assert [p.name for p in library.parent.iterdir()] == [library.name], "no temporary file is left behind"
 
     def no_second_compile(*args, **kwargs):
         raise AssertionError("the cached library must be reused")
 
     monkeypatch.setattr(B, "compile_library", no_second_compile)
-    assert B.ensure_library(SOURCE, "gradmon_fused_norm", "test", environ=env) == lib
+    assert B.ensure_library(SOURCE, "gradmon_fused_norm", "test", environ=cache_env) == library
+    other_version = B.build_key(SOURCE.read_bytes(), B.compiler_identity(B.find_compiler()), "other")
+    assert other_version != library.parent.name, "another MindSpore version gets another folder"
 
 
 def test_compile_error_is_reported_and_leaves_nothing(tmp_path):
