@@ -5,6 +5,8 @@ the fallback switch. (Building the library and the kernel alone: ``test_cells_fu
 
 from __future__ import annotations
 
+import copy
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -157,6 +159,14 @@ def test_non_finite_gradients_give_a_non_finite_norm(bad):
     arrays = [np.ones((4, 4), np.float32), np.array([1.0, bad], np.float16)]
     out = float(F.FusedGlobalNorm()(Tensor(1.0, ms.float32), *_tensors(arrays)).asnumpy())
     assert np.isinf(out) if np.isinf(bad) else np.isnan(out)
+
+
+def test_primitives_and_cell_deep_copy():
+    grads = (Tensor(np.full((2, 3), 2.0, np.float32)),)
+    op = copy.deepcopy(F.FusedSquaredNorms())
+    np.testing.assert_array_equal(op(Tensor(1.0, ms.float32), *grads).asnumpy(), [24.0])
+    cell = copy.deepcopy(F.GlobalNorm())
+    assert cell.fused and float(cell(grads).asnumpy()) == np.float32(np.sqrt(24.0))
 
 
 def test_zero_gradients_and_scalar_scale_shapes():
