@@ -20,14 +20,22 @@ def sync(output: Any) -> None:
     first.asnumpy()
 
 
-def time_block(cell: Callable[..., Any], inputs: Sequence[Any], steps: int) -> float:
-    """Seconds for ``steps`` calls of ``cell(*inputs)`` plus the final sync."""
-    t0 = time.perf_counter()
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def time_block(cell: Callable[..., Any], inputs: Sequence[Any], steps: int,
+               clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds for ``steps`` calls of ``cell(*inputs)`` plus the final sync, by ``clock``.
+
+    ``time.process_time`` (the ``cpu`` clock) counts this process's CPU time only: in a process pinned
+    to one core it leaves out the time other processes hold that core (a shared machine's main noise).
+    """
+    t0 = clock()
     out = None
     for _ in range(steps):
         out = cell(*inputs)
     sync(out)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def warm_up(cell: Callable[..., Any], inputs: Sequence[Any], steps: int) -> dict[str, float]:
@@ -44,7 +52,10 @@ TIMING_KEYS = ("rounds", "target_block_s", "min_steps", "max_steps", "warmup_ste
 
 def timing_options(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The :func:`run_interleaved` keyword arguments held in a section's ``settings``."""
-    return {key: settings[key] for key in TIMING_KEYS}
+    options = {key: settings[key] for key in TIMING_KEYS}
+    if "clock" in settings:
+        options["clock"] = settings["clock"]
+    return options
 
 
 def run_interleaved(
@@ -58,12 +69,14 @@ def run_interleaved(
     max_steps: int,
     warmup_steps: int,
     log: Callable[[str], None] = lambda _msg: None,
+    clock: str = "wall",
 ) -> dict[str, Any]:
     """Time every cell against ``cells[baseline]`` with bracketed interleaving.
 
     Returns ``{"steps_per_block", "rounds", "compile", "variants": {name: {...}}}`` where each
     variant has ``ratio`` (summary of per-bracket ratios), ``ratios`` (raw), ``ms_per_step``
-    (summary over its blocks); the baseline has ``ms_per_step`` only.
+    (summary over its blocks); the baseline has ``ms_per_step`` only. ``clock``: ``"wall"`` (default)
+    or ``"cpu"`` (see :func:`time_block`).
     """
     if baseline not in cells:
         raise ValueError(f"baseline {baseline!r} missing from cells")
@@ -74,13 +87,14 @@ def run_interleaved(
             f"  warm {name}: first call {compile_info[name]['first_call_s']:.2f}s, "
             f"{compile_info[name]['warm_step_s'] * 1e3:.2f} ms/step"
         )
-    # Re-measure the baseline after everything compiled: the machine is warm now.
-    base_step = time_block(cells[baseline], inputs, max(1, warmup_steps)) / max(1, warmup_steps)
+    # Re-measure the baseline after everything compiled (the machine is warm now), by the timing clock.
+    base_steps = max(1, warmup_steps)
+    base_step = time_block(cells[baseline], inputs, base_steps, CLOCKS[clock]) / base_steps
     steps = steps_per_block(base_step, target_block_s, min_steps, max_steps)
     variants = [n for n in cells if n != baseline]
     order = bracket_schedule(variants, rounds, baseline)
     log(f"  {len(order)} blocks of {steps} steps (baseline {base_step * 1e3:.2f} ms/step)")
-    seconds = [time_block(cells[name], inputs, steps) for name in order]
+    seconds = [time_block(cells[name], inputs, steps, CLOCKS[clock]) for name in order]
     ratios = bracketed_ratios(order, seconds, baseline)
     per_name: dict[str, list[float]] = {}
     for name, sec in zip(order, seconds):
@@ -96,6 +110,7 @@ def run_interleaved(
         "steps_per_block": steps,
         "rounds": rounds,
         "blocks": len(order),
+        "clock": clock,
         "compile": compile_info,
         "variants": results,
     }

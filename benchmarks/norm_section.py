@@ -29,7 +29,7 @@ def measure_model(model: str, settings: dict[str, Any], log: Callable[[str], Non
     from mindspore import Tensor, nn
 
     from benchmarks.interleave import run_interleaved, sync, timing_options
-    from benchmarks.norm_impls import NORMS, PROBES, NormOnly, ProbeStep
+    from benchmarks.norm_impls import FLOORS, NORMS, PROBES, NormOnly, ProbeStep
     from benchmarks.stats import summarize
     from examples import models as M
 
@@ -49,9 +49,10 @@ def measure_model(model: str, settings: dict[str, Any], log: Callable[[str], Non
             cell = NormOnly(kind)
             value = float(cell(tensors).asnumpy())
             cells[kind] = cell
-            micro[kind] = {"rel_error": abs(value - exact) / exact}
+            # A floor probe reads the tensors without computing a norm: it has no error to report.
+            micro[kind] = {"floor": True} if kind in FLOORS else {"rel_error": abs(value - exact) / exact}
         except Exception as exc:
-            micro[kind] = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"}
+            micro[kind] = {"error": _first_line(exc)}
     calls = settings["micro_calls"]
     samples: dict[str, list[float]] = {k: [] for k in cells}
     for _ in range(settings["rounds"]):
@@ -82,7 +83,7 @@ def measure_model(model: str, settings: dict[str, Any], log: Callable[[str], Non
             sync(cell(x, y))
             step_cells[name] = cell
         except Exception as exc:
-            unavailable[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+            unavailable[name] = _first_line(exc)
             log(f"  {name}: not available: {unavailable[name]}")
     in_step = run_interleaved(
         step_cells,
@@ -93,6 +94,7 @@ def measure_model(model: str, settings: dict[str, Any], log: Callable[[str], Non
     )
     return {
         "model": model,
+        "kernel": kernel_status(),
         "params": M.count_params(net),
         "tensors": len(params),
         "batch": spec["batch"],
@@ -101,6 +103,22 @@ def measure_model(model: str, settings: dict[str, Any], log: Callable[[str], Non
         "unavailable": unavailable,
         "probes": {k: dict(zip(("norm", "clip", "ring"), PROBES[k])) for k in settings["probes"]},
     }
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+
+
+def kernel_status() -> dict[str, Any]:
+    """Whether gradmon's fused kernel runs here, and the settings that change its speed."""
+    try:
+        from gradmon.cells import fused_norm
+    except Exception as exc:
+        return {"available": False, "reason": _first_line(exc)}
+    reason = fused_norm.fused_norm_unavailable_reason()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"available": reason is None, "reason": reason,
+            "threads_env": os.environ.get("GRADMON_FUSED_NORM_THREADS"), "cpus_usable": cpus}
 
 
 def plan(smoke: bool) -> list[dict[str, Any]]:
@@ -115,12 +133,17 @@ def plan(smoke: bool) -> list[dict[str, Any]]:
             "max_steps": 20,
             "warmup_steps": 1,
             "micro_calls": 5,
-            "probes": ["norm_addn", "norm_concat", "clip_minimum", "ring_scatter"],
+            "probes": ["norm_addn", "norm_concat", "norm_fused", "norm_floor_read", "clip_minimum",
+                       "ring_scatter"],
         }
         return [{"model": "mlp", "settings": s, "timeout": 300}]
-    # Forms the micro table already ranks (stack, norm_each, select, concat_dot) stay out of the slow
-    # in-step runs; 6 rounds keep the section at ~3 minutes (the cell's own costs are in `step`).
-    ranked_only = ("norm_stack", "norm_norm_each", "clip_select", "norm_concat_dot")
+    # Forms the micro table already ranks (stack, norm_each, select, concat_dot, concat_l2loss), forms
+    # ruled out (l2loss clips: inaccurate; the stock clip: in `step`; the fused clip variants that did
+    # not beat a per-tensor multiply, docs/cells.md) stay out of the slow in-step runs; 6 rounds keep
+    # the section at ~4 minutes (the cell's own costs are in `step`).
+    ranked_only = ("norm_stack", "norm_norm_each", "clip_select", "norm_concat_dot", "norm_concat_l2loss",
+                   "clip_l2loss_minimum", "clip_stock", "norm_floor_touch", "clip_fused_scale",
+                   "clip_fused_coef_scale")
     in_step = [p for p in all_probes if p not in ranked_only]
     s = {
         "rounds": 6,
@@ -135,7 +158,7 @@ def plan(smoke: bool) -> list[dict[str, Any]]:
         **s,
         "min_steps": 2,
         "micro_calls": 3,
-        "probes": ["norm_concat", "norm_l2loss", "clip_minimum", "clip_flat"],
+        "probes": ["plain_copy", "norm_concat", "norm_fused", "norm_floor_read", "clip_fused_minimum"],
     }
     return [
         {"model": "mlp", "settings": s, "timeout": 300},
@@ -159,15 +182,50 @@ def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: s
     return section
 
 
+def _summary(result: dict[str, Any]) -> str:
+    """The in-step ratios of one model as text lines (for the command line)."""
+    lines = [f"{result['model']}: {result['params']:,} params in {result['tensors']} tensors, "
+             f"clock {result['in_step'].get('clock', 'wall')}, kernel {result['kernel']}"]
+    for name, v in result["in_step"]["variants"].items():
+        ms_step = v["ms_per_step"]["median"]
+        r = v.get("ratio")
+        ratio = f"ratio {r['median']:.3f} IQR {r['q1']:.3f}-{r['q3']:.3f}" if r else "(baseline)"
+        lines.append(f"  {name:24s} {ms_step:9.3f} ms/step  {ratio}")
+    return "\n".join(lines)
+
+
 def _main() -> int:
-    p = argparse.ArgumentParser(description="one model of the norm section (child process)")
+    p = argparse.ArgumentParser(
+        description="One model of the norm section. The suite runs it as a child with --settings; by hand, "
+        "e.g. "
+        "`taskset -c 1 python -m benchmarks.norm_section --model tiny_transformer --clock cpu "
+        "--probes plain_copy,norm_concat,norm_fused,norm_floor_read`.")
     p.add_argument("--model", choices=sorted(MODELS), required=True)
-    p.add_argument("--settings", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--settings", help="settings as JSON (default: the suite's plan for this model)")
+    p.add_argument("--smoke", action="store_true",
+                   help="the smoke plan's settings (seconds; checks the harness)")
+    p.add_argument("--probes", help="comma-separated ProbeStep variants instead of the plan's")
+    p.add_argument("--rounds", type=int, help="interleaved rounds instead of the plan's")
+    p.add_argument("--clock", choices=["wall", "cpu"], help="wall time (default) or this process's CPU time")
+    p.add_argument("--out", help="write the result here as JSON")
     a = p.parse_args()
-    result = measure_model(a.model, json.loads(a.settings), lambda m: print(m, flush=True))
-    with open(a.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
+    if a.settings:
+        settings = json.loads(a.settings)
+    else:
+        items = plan(a.smoke)
+        settings = next((i["settings"] for i in items if i["model"] == a.model), items[0]["settings"])
+    if a.probes:
+        settings["probes"] = a.probes.split(",")
+    if a.rounds:
+        settings["rounds"] = a.rounds
+    if a.clock:
+        settings["clock"] = a.clock
+    result = measure_model(a.model, settings, lambda m: print(m, flush=True))
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+    else:
+        print(_summary(result))
     return 0
 
 

@@ -111,8 +111,14 @@ def _norm(sec: dict[str, Any]) -> str:
         for kind, m in run.get("micro", {}).items():
             if "error" in m:
                 rows.append([kind, "—", m["error"]])
+            elif m.get("floor"):
+                rows.append([kind, _num(m["ms_per_call"]["median"]), "(floor probe, not a norm)"])
             else:
                 rows.append([kind, _num(m["ms_per_call"]["median"]), f"{m['rel_error']:.1e}"])
+        kernel = run.get("kernel")
+        if kernel:
+            state = "available" if kernel.get("available") else f"not available ({kernel.get('reason')})"
+            out.append(f"Fused kernel: {state}; CPUs usable {kernel.get('cpus_usable', '?')}.\n")
         out.append("Norm alone (`NormOnly`):\n")
         out.append(table(["norm form", "ms/call (median)", "rel. error vs float64"], rows))
         probes = run.get("probes", {})

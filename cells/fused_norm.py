@@ -1,0 +1,236 @@
+"""The fused global-norm kernel: one pass over the gradients, in place, float64 accumulation (CPU).
+
+MindSpore's stock CPU kernels compute a global norm as concat (a copy of every gradient) + square (a
+second copy) + sum, each a launch. ``cells/csrc/fused_norm.cc`` does it in one ``ops.Custom`` aot
+kernel that reads every gradient tensor once where it lies, squares each element exactly in float64,
+sums in float64 over fixed chunks spread across threads, and combines the chunks in a fixed order (the
+same bits for any thread count). It is compiled at first use (:mod:`gradmon.cells.fused_build`).
+
+Interface (what ``norm_strategy="fused"`` builds on)
+----------------------------------------------------
+
+- :func:`fused_norm_available` ``() -> bool``: True when the device target is CPU and the kernel
+  library is built (compiling it on first call) and passed its self-test. When it is False,
+  :func:`fused_norm_unavailable_reason` says why; use the flat path of :mod:`gradmon.cells.norm_ops`.
+  A build failure (no compiler, compile error, unwritable cache) warns once per process
+  (:class:`FusedNormFallbackWarning`); ``GRADMON_FUSED_NORM=0`` turns the kernel off without a warning.
+- :class:`FusedSquaredNorm` ``()``: a Primitive, ``op(scale, *grads)`` -> float32 scalar
+  ``scale**2 * sum_i sum(g_i**2)``, accumulated in float64 (so ``scale`` = 1 / loss scale unscales
+  without any overflow of the squares). ``scale`` is a float32 Tensor of shape ``()`` or ``(1,)``;
+  ``grads`` any number (zero included) of float32 / float16 / bfloat16 / float64 tensors of any
+  shape, 0 and 1 elements included.
+- :class:`FusedSquaredNorms` ``()``: ``op(scale, *grads)`` -> float32 ``[len(grads)]``, the same
+  per tensor (``layer_stats``), from the same single pass.
+- :class:`FusedGlobalNorm` ``()``: ``op(scale, *grads)`` -> float32 ``|scale| * sqrt(sum)``: the norm
+  in one launch (no separate sqrt kernel).
+
+The primitives are built where the cell is built (``__init__``) and then are ordinary cell attributes:
+they work in a ``Cell.construct`` in GRAPH and PYNATIVE mode and inside ``@ms.jit`` functions.
+Building one raises :class:`FusedNormUnavailableError` when :func:`fused_norm_available` is False.
+Non-finite gradients give a non-finite result; a sum beyond float32 range reads as ``inf`` (as the
+flat path). :class:`GlobalNorm` is the ready-made fallback: a Cell that uses the kernel when it is
+available and the flat path otherwise.
+
+Environment: ``GRADMON_FUSED_NORM=0`` forces the fallback; ``GRADMON_CXX`` names the compiler;
+``GRADMON_FUSED_NORM_THREADS`` caps the kernel's threads (default: the CPUs this process may use,
+at most 16); ``XDG_CACHE_HOME`` moves the build cache.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, ClassVar
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+from ._compat import mindspore_version
+from .fused_build import KernelBuildError, call_aot, ensure_library
+from .norm_ops import global_norm, unscaled_global_norm
+
+ENV_SWITCH = "GRADMON_FUSED_NORM"
+SOURCE = Path(__file__).resolve().parent / "csrc" / "fused_norm.cc"
+LIBRARY_NAME = "gradmon_fused_norm"
+ABI_VERSION = 1
+GRAD_DTYPES = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
+
+
+class FusedNormUnavailableError(RuntimeError):
+    """A fused-norm primitive was built where the kernel is not available (the message says why)."""
+
+
+class FusedNormFallbackWarning(RuntimeWarning):
+    """The fused kernel could not be built; the flat norm is used instead."""
+
+
+_lock = threading.Lock()
+_build: dict[str, Any] = {}  # "library": Path, or "reason": str, once per process
+
+
+def disabled_by_env() -> bool:
+    """``GRADMON_FUSED_NORM`` is 0/off/false/no: the kernel is off (no warning, no build)."""
+    return os.environ.get(ENV_SWITCH, "").strip().lower() in ("0", "off", "false", "no")
+
+
+def _self_test(library: Path) -> None:
+    """Run the library once through ctypes on a known input: a wrong ABI or a miscompile stops here."""
+    import numpy as np
+
+    abi = call_aot(library, "GradmonFusedNormAbi", None, None)
+    if abi != ABI_VERSION:
+        raise KernelBuildError(f"{library} has kernel ABI {abi}, expected {ABI_VERSION}")
+    grads = [np.arange(-3, 5, dtype=np.float32).reshape(2, 4), np.array([3.0], np.float16),
+             np.zeros(0, np.float32)]
+    out = np.zeros((), np.float32)
+    rc = call_aot(library, "GradmonSquaredNorm", [np.array(0.5, np.float32), *grads], [out])
+    expected = 0.25 * sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads)
+    if rc != 0 or float(out) != np.float32(expected):
+        raise KernelBuildError(f"{library} failed its self-test (rc={rc}, {float(out)} != {expected})")
+
+
+def _load() -> None:
+    """Build (or find) and check the library once per process; records the path or the reason."""
+    with _lock:
+        if _build:
+            return
+        try:
+            library = ensure_library(SOURCE, LIBRARY_NAME, mindspore_version())
+            _self_test(library)
+            allowed = os.environ.get("MS_CUSTOM_AOT_WHITE_LIST")
+            if allowed and os.path.commonpath([os.path.realpath(library), os.path.realpath(allowed)]) != \
+                    os.path.realpath(allowed):
+                raise KernelBuildError(f"MS_CUSTOM_AOT_WHITE_LIST={allowed} does not allow {library}")
+            _build["library"] = library
+        except (KernelBuildError, OSError) as exc:
+            _build["reason"] = str(exc)
+            warnings.warn(f"gradmon: the fused global-norm kernel is not available, using the flat norm "
+                          f"instead: {exc}", FusedNormFallbackWarning, stacklevel=3)
+
+
+def fused_norm_unavailable_reason() -> str | None:
+    """Why :func:`fused_norm_available` is False (``None`` when it is True). May build the library."""
+    if disabled_by_env():
+        return f"{ENV_SWITCH}={os.environ[ENV_SWITCH]} turns the fused kernel off"
+    target = ms.get_context("device_target")
+    if target != "CPU":
+        return f"the fused kernel runs on CPU only (device_target is {target})"
+    _load()
+    return _build.get("reason")
+
+
+def fused_norm_available() -> bool:
+    """True when the fused kernel can be used now (CPU target, library built and self-tested)."""
+    return fused_norm_unavailable_reason() is None
+
+
+def library_path() -> Path | None:
+    """The compiled library in use, or ``None`` when the kernel is not available."""
+    return None if fused_norm_unavailable_reason() else _build["library"]
+
+
+# ------------------------------------------------------------------------------------ primitives
+def _element_type(dtype: Any) -> Any:
+    return dtype.element_type() if hasattr(dtype, "element_type") else dtype
+
+
+class KernelOp(ops.Custom):
+    """An aot ``ops.Custom`` calling ``func`` of the kernel library: ``scalars`` float32 scalars first,
+    then any number of tensors. Subclasses say what comes out (``output_shape`` / ``output_dtype`` of
+    the tensors' shapes / dtypes). Checks its inputs at graph build time with a clear ``TypeError``.
+    """
+
+    func: ClassVar[str] = ""
+    scalars: ClassVar[int] = 1
+    tensor_dtypes: ClassVar[tuple] = GRAD_DTYPES
+
+    def __init__(self) -> None:
+        reason = fused_norm_unavailable_reason()
+        if reason is not None:
+            raise FusedNormUnavailableError(f"the fused norm kernel is not available: {reason}")
+        super().__init__(f"{_build['library']}:{self.func}", out_shape=self._infer_shape,
+                         out_dtype=self._infer_dtype, func_type="aot")
+
+    def __deepcopy__(self, memo: dict) -> KernelOp:
+        # Primitive's deepcopy re-calls __init__ with its init_attrs ({"name": "Custom"}); ours take none.
+        return type(self)()
+
+    def output_shape(self, shapes: tuple) -> Any:
+        return ()
+
+    def output_dtype(self, dtypes: tuple) -> Any:
+        return ms.float32
+
+    def _infer_shape(self, *shapes):
+        name = type(self).__name__
+        if len(shapes) < self.scalars:
+            raise TypeError(f"{name} takes {self.scalars} float32 scalar(s) first, then the tensors; "
+                            f"got {len(shapes)} inputs")
+        for i in range(self.scalars):
+            if tuple(shapes[i]) not in ((), (1,)):
+                raise TypeError(f"{name}: input {i} must have shape () or (1,), got {tuple(shapes[i])}")
+        return self.output_shape(tuple(tuple(s) for s in shapes[self.scalars:]))
+
+    def _infer_dtype(self, *dtypes):
+        name = type(self).__name__
+        for i in range(self.scalars):
+            if _element_type(dtypes[i]) != ms.float32:
+                raise TypeError(f"{name}: input {i} must be a float32 scalar, got {dtypes[i]}")
+        for i in range(self.scalars, len(dtypes)):
+            if _element_type(dtypes[i]) not in self.tensor_dtypes:
+                allowed = ", ".join(str(t) for t in self.tensor_dtypes)
+                raise TypeError(f"{name}: tensor {i - self.scalars} has dtype {dtypes[i]}; "
+                                f"it reads {allowed}")
+        out = self.output_dtype(tuple(_element_type(d) for d in dtypes[self.scalars:]))
+        # A bare dtype with shape () would make GRAPH mode infer a Python scalar, not a 0-d tensor.
+        if isinstance(out, (list, tuple)):
+            return [mstype.TensorType(d) for d in out]
+        return mstype.TensorType(out)
+
+
+class FusedSquaredNorm(KernelOp):
+    """``op(scale, *grads)`` -> float32 scalar ``scale**2 * sum_i sum(g_i**2)``, float64 accumulation."""
+
+    func = "GradmonSquaredNorm"
+
+
+class FusedGlobalNorm(KernelOp):
+    """``op(scale, *grads)`` -> float32 scalar ``|scale| * sqrt(sum_i sum(g_i**2))``: the norm, one launch."""
+
+    func = "GradmonNorm"
+
+
+class FusedSquaredNorms(KernelOp):
+    """``op(scale, *grads)`` -> float32 ``[len(grads)]``: ``scale**2 * sum(g_i**2)`` per tensor."""
+
+    func = "GradmonSquaredNorms"
+
+    def output_shape(self, shapes: tuple) -> Any:
+        return (len(shapes),)
+
+
+class GlobalNorm(nn.Cell):
+    """float32 global L2 norm of a tuple of tensors: the fused kernel when it is available, else the flat
+    path (:func:`gradmon.cells.norm_ops.global_norm`). Chosen once, at construction.
+
+    ``construct(grads, scale=None)``: with ``scale`` (float32 scalar tensor) the norm of ``grads * scale``.
+    """
+
+    def __init__(self, fused: bool | None = None) -> None:
+        super().__init__()
+        self.fused = fused_norm_available() if fused is None else bool(fused)
+        if self.fused:
+            self.norm_op = FusedGlobalNorm()
+        self.one = Tensor(1.0, ms.float32)
+
+    def construct(self, grads, scale=None):
+        if self.fused:
+            if scale is None:
+                return self.norm_op(self.one, *grads)
+            return self.norm_op(scale, *grads)
+        if scale is None:
+            return global_norm(grads)
+        return unscaled_global_norm(grads, scale)
