@@ -12,9 +12,10 @@ import numbers
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .layouts import OUTPUT_LAYOUTS
 from .spike import SpikeConfig
 
-__all__ = ["StepOptions"]
+__all__ = ["StepOptions", "check_stock_arguments"]
 
 
 def _is_number(value: Any) -> bool:
@@ -49,6 +50,7 @@ class StepOptions:
     history_size: int = 1024
     local_norm: bool = False
     layer_stats: bool = False
+    output_layout: str = "gradmon"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once, here
@@ -73,6 +75,8 @@ class StepOptions:
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
             set_(self, name, float(value))
         self.spike  # noqa: B018 - SpikeConfig validates the detector settings
+        if self.output_layout not in OUTPUT_LAYOUTS:
+            raise ValueError(f"output_layout must be one of {OUTPUT_LAYOUTS}, got {self.output_layout!r}")
 
     @classmethod
     def from_kwargs(cls, owner: str, **options: Any) -> StepOptions:
@@ -93,3 +97,19 @@ class StepOptions:
     def as_dict(self) -> dict[str, Any]:
         """Every option by name (for ``gradmon_config()``)."""
         return asdict(self)
+
+
+def check_stock_arguments(sens: Any, return_grad: Any, output_layout: str) -> tuple[float | None, bool]:
+    """``nn.TrainOneStepCell``'s own arguments, checked as its documentation states and normalised
+    (numpy scalars become Python ones); ``(sens, return_grad)``."""
+    if sens is not None:
+        if not _is_number(sens):
+            raise TypeError(f"sens must be a number (the backward seed) or None, got {type(sens).__name__}")
+        if sens == 0:
+            raise ValueError("sens can not be 0: it multiplies every gradient")
+        sens = float(sens)
+    return_grad = _flag("return_grad", return_grad)
+    if return_grad and output_layout == "mindformers":
+        raise ValueError("return_grad=True does not fit output_layout='mindformers' (mindformers' step cells "
+                         "return no gradients); use the default layout to get (loss, grad_norm, grads)")
+    return sens, return_grad
