@@ -17,6 +17,7 @@ Layouts (``output_layout``):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import mindspore as ms
@@ -69,6 +70,11 @@ def _fill_like(output: Any, value: Any) -> Any:
     return ops.fill(output.dtype, output.shape, value)
 
 
+def overflow_of(norm: Tensor) -> Tensor:
+    """The overflow flag the stock cells return: the (unscaled) gradients are not all finite."""
+    return ops.logical_not(ops.isfinite(norm))
+
+
 def grads_by_name(names: tuple, grads: tuple) -> dict:
     """``{parameter name: gradient}``, the ``return_grad=True`` output of ``nn.TrainOneStepCell``."""
     named = {}
@@ -97,3 +103,36 @@ def step_learning_rate(optimizer: Any) -> Tensor:
     if optimizer.dynamic_lr:
         lr = lr(optimizer.global_step)
     return ops.cast(lr, ms.float32).reshape(())
+
+
+class StepOutputs:
+    """The output half of the monitored step cells (mixed into ``MonitoredTrainStep``): the rate a step
+    used and the output tuple of the cell's ``output_layout``. Uses the cell's ``optimizer``,
+    ``return_grad``, ``loss_scale``, ``weight_names`` and ``_one``."""
+
+    def _setup_outputs(self, options: Any) -> None:
+        self.output_layout = options.output_layout
+        self.mindformers_layout = options.output_layout == "mindformers"
+        self.lr_readable = has_learning_rate(self.optimizer)
+        self._nan = Tensor(math.nan, ms.float32)
+
+    def _step_learning_rate(self):
+        """The rate this step's update uses (the mindformers layout reports it); else a constant."""
+        if self.mindformers_layout and self.lr_readable:
+            return step_learning_rate(self.optimizer)
+        return self._nan
+
+    def _loss_scale_after(self):
+        """The loss scale after this step (the loss-scale cell's update may have changed it)."""
+        return self._one
+
+    def _step_outputs(self, loss, norm, grads, extra, lr):
+        """The output tuple of ``output_layout`` (see the module docstring)."""
+        if self.mindformers_layout:
+            return loss, overflow_of(norm), self._loss_scale_after(), lr, norm
+        outputs = (loss, norm)
+        if self.return_grad:
+            outputs = outputs + (grads_by_name(self.weight_names, grads),)  # noqa: RUF005
+        if self.loss_scale:
+            outputs = outputs + (overflow_of(norm), self._loss_scale_after())  # noqa: RUF005
+        return outputs + extra

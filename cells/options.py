@@ -35,10 +35,21 @@ def _flag(name: str, value: Any) -> bool:
 
 @dataclass(frozen=True)
 class StepOptions:
-    """Keyword options of the monitored step cells (see :class:`MonitoredTrainStep` for each).
+    """Keyword options of the monitored step cells.
 
     Construction validates and normalises: numbers become Python ``float``/``int``, a bad value
     raises ``TypeError``/``ValueError`` naming the option and what it accepts.
+
+    - ``max_norm``: clip the global norm to this value (``grads * min(1, max_norm / (norm + 1e-6))``).
+    - ``skip_nonfinite``: when the norm is NaN/Inf, do not run the optimizer this step.
+    - ``spike_mode``: ``"off"``, ``"detect"``, ``"clip"`` or ``"skip"`` (see :class:`SpikeConfig`);
+      ``spike_warmup``, ``spike_alpha``, ``spike_z``: detector settings (ZClip defaults 25, 0.97, 2.5).
+    - ``history_size``: rows of the device history ring (0 disables it and its counters).
+    - ``local_norm``: also record each rank's norm before the data-parallel reduction.
+    - ``layer_stats``: keep the last step's per-parameter squared gradient norms on device for
+      ``gradmon_layer_stats``.
+    - ``output_layout``: what the cells return, ``"gradmon"`` or ``"mindformers"`` (see
+      :mod:`gradmon.cells.layouts`).
     """
 
     max_norm: float | None = None

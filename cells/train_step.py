@@ -14,7 +14,6 @@ moves weights on zero gradients). The condition only exists when a skip is possi
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 import mindspore as ms
@@ -23,14 +22,8 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from ._compat import check_train_cell_layout, require_supported
 from .history import COUNTER_NAMES, HistorySnapshot, history_fields, unroll_ring
-from .layer_stats import layer_rows
-from .layouts import (
-    backward_seed,
-    grads_by_name,
-    has_learning_rate,
-    split_network_outputs,
-    step_learning_rate,
-)
+from .layer_stats import current_lr, layer_rows
+from .layouts import StepOutputs, backward_seed, split_network_outputs
 from .norm_ops import (
     clip_coefficient,
     flat_fp32,
@@ -69,7 +62,7 @@ class _ApplyClippedUpdate(_ApplyUpdate):
         return ops.depend(ops.zeros((), ms.float32), self.optimizer(scale_grads(grads, coef)))
 
 
-class MonitoredTrainStep(nn.TrainOneStepCell):
+class MonitoredTrainStep(StepOutputs, nn.TrainOneStepCell):
     """``nn.TrainOneStepCell`` that also measures, clips and guards the global gradient norm.
 
     Args:
@@ -79,15 +72,8 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
         sens: as in ``nn.TrainOneStepCell``: the backward seed (default 1.0). It is not undone:
             the gradients, their norm and the update all refer to ``sens * loss``.
         return_grad: as in ``nn.TrainOneStepCell``: also return ``{parameter name: gradient}``.
-        max_norm: clip the global norm to this value (``grads * min(1, max_norm / (norm + 1e-6))``).
-        skip_nonfinite: when the norm is NaN/Inf, do not run the optimizer this step.
-        spike_mode: ``"off"``, ``"detect"``, ``"clip"`` or ``"skip"`` (see :class:`SpikeConfig`).
-        spike_warmup, spike_alpha, spike_z: detector settings (ZClip defaults 25, 0.97, 2.5).
-        history_size: rows of the device history ring (0 disables it and its counters).
-        local_norm: also record each rank's norm before the data-parallel reduction.
-        layer_stats: keep the last step's per-parameter squared gradient norms on device for
-            :meth:`gradmon_layer_stats`.
-        output_layout: ``"gradmon"`` or ``"mindformers"`` (see Outputs).
+        **options: gradmon's options, each described in :class:`~gradmon.cells.options.StepOptions`
+            (``max_norm``, ``skip_nonfinite``, ``spike_mode``, ``history_size``, ``output_layout``...).
 
     Outputs:
         ``(loss, grad_norm[, grads][, *extra])``: the loss (the network's first output), the float32
@@ -170,12 +156,6 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
                                     name="gradmon_counts", requires_grad=False)
             self._count_one = Tensor(np.ones(1, np.int32))
 
-    def _setup_outputs(self, options: StepOptions) -> None:
-        self.output_layout = options.output_layout
-        self.mindformers_layout = options.output_layout == "mindformers"
-        self.lr_readable = has_learning_rate(self.optimizer)
-        self._nan = Tensor(math.nan, ms.float32)
-
     # ------------------------------------------------------------------------------- construct
     def construct(self, *inputs):
         outputs = self._forward(*inputs)
@@ -196,27 +176,6 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
         else:
             grads = self.grad_no_sens(self.network, self.weights)(*inputs)
         return grads, self._one, self._one
-
-    def _step_learning_rate(self):
-        """The rate this step's update uses (the mindformers layout reports it); else a constant."""
-        if self.mindformers_layout and self.lr_readable:
-            return step_learning_rate(self.optimizer)
-        return self._nan
-
-    def _loss_scale_after(self):
-        """The loss scale after this step (the loss-scale cell's update may have changed it)."""
-        return self._one
-
-    def _step_outputs(self, loss, norm, grads, extra, lr):
-        """The output tuple of ``output_layout`` (see :mod:`gradmon.cells.layouts`)."""
-        if self.mindformers_layout:
-            return loss, ops.logical_not(ops.isfinite(norm)), self._loss_scale_after(), lr, norm
-        outputs = (loss, norm)
-        if self.return_grad:
-            outputs = outputs + (grads_by_name(self.weight_names, grads),)  # noqa: RUF005
-        if self.loss_scale:
-            outputs = outputs + (ops.logical_not(ops.isfinite(norm)), self._loss_scale_after())  # noqa: RUF005
-        return outputs + extra
 
     def _monitored_update(self, loss, grads, inv_scale, scale_used):
         """Norm, detector, clip, guarded optimizer call and history for one step.
@@ -341,18 +300,8 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
             raise RuntimeError("construct the step with layer_stats=True to keep per-parameter norms")
         grad_sq = self.layer_sq.asnumpy()
         param_sq = squared_norms(tuple(self.weights), self.segment_ids).asnumpy()
-        return layer_rows(self.weight_names, grad_sq.tolist(), param_sq.tolist(), self._current_lr(),
+        return layer_rows(self.weight_names, grad_sq.tolist(), param_sq.tolist(), current_lr(self.optimizer),
                           top_k=top_k, groups=groups)
-
-    def _current_lr(self) -> float:
-        """Learning rate of the optimizer now (first group when grouped); NaN if it cannot tell."""
-        try:
-            lr = self.optimizer.get_lr()
-            if isinstance(lr, (tuple, list)):
-                lr = lr[0]
-            return float(np.asarray(lr.asnumpy() if hasattr(lr, "asnumpy") else lr).reshape(-1)[0])
-        except Exception:  # an optimizer without get_lr: update_ratio becomes NaN, nothing breaks
-            return math.nan
 
 
 class MonitoredTrainStepWithLossScale(MonitoredTrainStep):
