@@ -13,11 +13,21 @@ from typing import Any
 
 import mindspore as ms
 import numpy as np
+import pytest
 from mindspore import Tensor, nn, ops
 
 STEPS = 20
 IN, HIDDEN, OUT = 4, 6, 3
 MODES = {"GRAPH": ms.GRAPH_MODE, "PYNATIVE": ms.PYNATIVE_MODE}
+
+
+@pytest.fixture(params=list(MODES))
+def mode(request):
+    """Run the test in GRAPH and in PYNATIVE mode (switched in-process); import it into a test module."""
+    old = ms.get_context("mode")
+    ms.set_context(mode=MODES[request.param])
+    yield request.param
+    ms.set_context(mode=old)
 
 
 class TinyNet(nn.Cell):

@@ -16,15 +16,16 @@ from mindspore.train import Model
 
 from gradmon.callback import LiveMonitor
 from gradmon.runlog import ReadStats, read_records
-from tests.parity_util import MODES, LossAndLogits, TinyNet, batches, host, loss_net
+from tests import parity_util
+from tests.parity_util import (
+    LossAndLogits,
+    TinyNet,
+    batches,
+    host,
+    loss_net,
+)
 
-
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    old = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=old)
+mode = parity_util.mode  # the GRAPH / PYNATIVE fixture
 
 
 def _norm(grads) -> float:

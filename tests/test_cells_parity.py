@@ -20,9 +20,9 @@ from gradmon.cells import MonitoredTrainStep
 from mindspore import Tensor, nn
 from mindspore.train import Callback, Model
 
+from tests import parity_util
 from tests.parity_util import (
     IN,
-    MODES,
     OUT,
     STEPS,
     LossAndLogits,
@@ -41,13 +41,7 @@ from tests.parity_util import (
 ABOVE_EVERY_NORM = 1e4
 OURS = {"defaults": {}, "max_norm": {"max_norm": ABOVE_EVERY_NORM}}
 
-
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    old = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=old)
+mode = parity_util.mode  # the GRAPH / PYNATIVE fixture
 
 
 Factory = Callable[[list], nn.Cell]

@@ -18,8 +18,8 @@ import pytest
 from gradmon.cells import MonitoredTrainStepWithLossScale
 from mindspore import Tensor, nn
 
+from tests import parity_util
 from tests.parity_util import (
-    MODES,
     STEPS,
     CpuLossScaleStep,
     assert_same_bits,
@@ -31,13 +31,7 @@ from tests.parity_util import (
 
 ABOVE_EVERY_NORM = 1e4
 
-
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    old = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=old)
+mode = parity_util.mode  # the GRAPH / PYNATIVE fixture
 
 
 def _with_nan_batch(data: list, step: int) -> list:

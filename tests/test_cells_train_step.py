@@ -12,17 +12,9 @@ from gradmon.cells.zclip_reference import zclip_run
 from mindspore import Tensor, nn
 
 from examples.models import MLP, TinyTransformer, with_loss
+from tests import parity_util
 
-MODES = {"GRAPH": ms.GRAPH_MODE, "PYNATIVE": ms.PYNATIVE_MODE}
-
-
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    """Run the test in GRAPH and in PYNATIVE mode (switched in-process with set_context)."""
-    old = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=old)
+mode = parity_util.mode  # the GRAPH / PYNATIVE fixture
 
 
 @pytest.fixture
@@ -146,7 +138,7 @@ def test_graph_and_pynative_agree():
     rows = {}
     old = ms.get_context("mode")
     try:
-        for name, m in MODES.items():
+        for name, m in parity_util.MODES.items():
             ms.set_context(mode=m)
             net = _make("mlp")
             step = MonitoredTrainStep(with_loss(net), nn.Adam(net.trainable_params(), 1e-2), max_norm=1.0,
