@@ -64,6 +64,10 @@ def backward_seed(outputs: Any, value: Any) -> Any:
 
 
 def _fill_like(output: Any, value: Any) -> Any:
+    if not isinstance(output, Tensor):
+        raise TypeError("With sens or a loss scale, every output of the network is seeded with that value, "
+                        "so every output must be a Tensor; one is not (a nested tuple, a dict, a number). "
+                        "Return a flat tuple (loss, *extra) of Tensors, or train without sens.")
     if isinstance(value, Tensor):
         # The loss-scale cell's seed, as nn.TrainOneStepWithLossScaleCell writes it.
         return ops.ones_like(output) * ops.cast(value, output.dtype)

@@ -121,20 +121,30 @@ def test_several_outputs_with_loss_scale(mode: str) -> None:
         np.testing.assert_allclose(w1.asnumpy(), w0 - 0.1 * g, rtol=1e-5, atol=1e-6)
 
 
-class _LossNotFirst(nn.Cell):
-    def __init__(self) -> None:
+class _Nested(nn.Cell):
+    """``((loss, logits), y)`` with ``loss_first=False``, else ``(loss, (logits, y))``."""
+
+    def __init__(self, loss_first: bool) -> None:
         super().__init__()
         self.net = TinyNet()
+        self.loss_first = loss_first
 
     def construct(self, x, y):
         logits = self.net(x)
-        return (((logits - y) ** 2).mean(), logits), y
+        loss = ((logits - y) ** 2).mean()
+        if self.loss_first:
+            return loss, (logits, y)
+        return (loss, logits), y
 
 
-def test_first_output_that_is_not_the_loss_is_refused_with_a_hint(mode: str) -> None:
-    net = _LossNotFirst()
-    step = MonitoredTrainStep(net, nn.SGD(net.trainable_params(), 0.1))
-    with pytest.raises(TypeError, match=r"tuple \(loss, \*extra\) whose first element is the loss Tensor"):
+@pytest.mark.parametrize(("loss_first", "sens", "match"), [
+    (False, None, r"tuple \(loss, \*extra\) whose first element is the loss Tensor"),
+    (True, 2.0, r"every output must be a Tensor.*Return a flat tuple \(loss, \*extra\)"),
+])
+def test_unreadable_outputs_are_refused_with_a_hint(mode: str, loss_first: bool, sens, match) -> None:
+    net = _Nested(loss_first)
+    step = MonitoredTrainStep(net, nn.SGD(net.trainable_params(), 0.1), sens=sens)
+    with pytest.raises(TypeError, match=match):
         step(*batches(1)[0])
 
 
