@@ -5,6 +5,20 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def current_lr(optimizer: Any) -> float:
+    """Learning rate of ``optimizer`` now (first group when grouped); NaN if it cannot tell."""
+    try:
+        lr = optimizer.get_lr()
+        if isinstance(lr, (tuple, list)):
+            lr = lr[0]
+        return float(np.asarray(lr.asnumpy() if hasattr(lr, "asnumpy") else lr).reshape(-1)[0])
+    except Exception:  # an optimizer without get_lr: update_ratio becomes NaN, nothing breaks
+        return math.nan
 
 
 def _ratio(lr: float, grad_norm: float, param_norm: float) -> float:

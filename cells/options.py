@@ -12,9 +12,10 @@ import numbers
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .layouts import OUTPUT_LAYOUTS
 from .spike import SpikeConfig
 
-__all__ = ["StepOptions"]
+__all__ = ["StepOptions", "check_stock_arguments"]
 
 
 def _is_number(value: Any) -> bool:
@@ -34,10 +35,21 @@ def _flag(name: str, value: Any) -> bool:
 
 @dataclass(frozen=True)
 class StepOptions:
-    """Keyword options of the monitored step cells (see :class:`MonitoredTrainStep` for each).
+    """Keyword options of the monitored step cells.
 
     Construction validates and normalises: numbers become Python ``float``/``int``, a bad value
     raises ``TypeError``/``ValueError`` naming the option and what it accepts.
+
+    - ``max_norm``: clip the global norm to this value (``grads * min(1, max_norm / (norm + 1e-6))``).
+    - ``skip_nonfinite``: when the norm is NaN/Inf, do not run the optimizer this step.
+    - ``spike_mode``: ``"off"``, ``"detect"``, ``"clip"`` or ``"skip"`` (see :class:`SpikeConfig`);
+      ``spike_warmup``, ``spike_alpha``, ``spike_z``: detector settings (ZClip defaults 25, 0.97, 2.5).
+    - ``history_size``: rows of the device history ring (0 disables it and its counters).
+    - ``local_norm``: also record each rank's norm before the data-parallel reduction.
+    - ``layer_stats``: keep the last step's per-parameter squared gradient norms on device for
+      ``gradmon_layer_stats``.
+    - ``output_layout``: what the cells return, ``"gradmon"`` or ``"mindformers"`` (see
+      :mod:`gradmon.cells.layouts`).
     """
 
     max_norm: float | None = None
@@ -49,6 +61,7 @@ class StepOptions:
     history_size: int = 1024
     local_norm: bool = False
     layer_stats: bool = False
+    output_layout: str = "gradmon"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once, here
@@ -73,6 +86,8 @@ class StepOptions:
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
             set_(self, name, float(value))
         self.spike  # noqa: B018 - SpikeConfig validates the detector settings
+        if self.output_layout not in OUTPUT_LAYOUTS:
+            raise ValueError(f"output_layout must be one of {OUTPUT_LAYOUTS}, got {self.output_layout!r}")
 
     @classmethod
     def from_kwargs(cls, owner: str, **options: Any) -> StepOptions:
@@ -93,3 +108,19 @@ class StepOptions:
     def as_dict(self) -> dict[str, Any]:
         """Every option by name (for ``gradmon_config()``)."""
         return asdict(self)
+
+
+def check_stock_arguments(sens: Any, return_grad: Any, output_layout: str) -> tuple[float | None, bool]:
+    """``nn.TrainOneStepCell``'s own arguments, checked as its documentation states and normalised
+    (numpy scalars become Python ones); ``(sens, return_grad)``."""
+    if sens is not None:
+        if not _is_number(sens):
+            raise TypeError(f"sens must be a number (the backward seed) or None, got {type(sens).__name__}")
+        if sens == 0:
+            raise ValueError("sens can not be 0: it multiplies every gradient")
+        sens = float(sens)
+    return_grad = _flag("return_grad", return_grad)
+    if return_grad and output_layout == "mindformers":
+        raise ValueError("return_grad=True does not fit output_layout='mindformers' (mindformers' step cells "
+                         "return no gradients); use the default layout to get (loss, grad_norm, grads)")
+    return sens, return_grad

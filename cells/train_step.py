@@ -14,7 +14,6 @@ moves weights on zero gradients). The condition only exists when a skip is possi
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 import mindspore as ms
@@ -23,7 +22,8 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from ._compat import check_train_cell_layout, require_supported
 from .history import COUNTER_NAMES, HistorySnapshot, history_fields, unroll_ring
-from .layer_stats import layer_rows
+from .layer_stats import current_lr, layer_rows
+from .layouts import StepOutputs, backward_seed, split_network_outputs
 from .norm_ops import (
     clip_coefficient,
     flat_fp32,
@@ -33,7 +33,7 @@ from .norm_ops import (
     squared_norms,
     unscaled_global_norm,
 )
-from .options import StepOptions
+from .options import StepOptions, check_stock_arguments
 from .spike import zclip_update
 
 
@@ -62,39 +62,41 @@ class _ApplyClippedUpdate(_ApplyUpdate):
         return ops.depend(ops.zeros((), ms.float32), self.optimizer(scale_grads(grads, coef)))
 
 
-class MonitoredTrainStep(nn.TrainOneStepCell):
+class MonitoredTrainStep(StepOutputs, nn.TrainOneStepCell):
     """``nn.TrainOneStepCell`` that also measures, clips and guards the global gradient norm.
 
     Args:
-        network: the network with loss (single output).
+        network: the network with loss: one output (the loss), or a tuple ``(loss, *extra)``. Every
+            output is seeded with ``sens`` (1 by default) in the backward pass, as in the stock cell.
         optimizer: the optimizer cell.
         sens: as in ``nn.TrainOneStepCell``: the backward seed (default 1.0). It is not undone:
             the gradients, their norm and the update all refer to ``sens * loss``.
-        max_norm: clip the global norm to this value (``grads * min(1, max_norm / (norm + 1e-6))``).
-        skip_nonfinite: when the norm is NaN/Inf, do not run the optimizer this step.
-        spike_mode: ``"off"``, ``"detect"``, ``"clip"`` or ``"skip"`` (see :class:`SpikeConfig`).
-        spike_warmup, spike_alpha, spike_z: detector settings (ZClip defaults 25, 0.97, 2.5).
-        history_size: rows of the device history ring (0 disables it and its counters).
-        local_norm: also record each rank's norm before the data-parallel reduction.
-        layer_stats: keep the last step's per-parameter squared gradient norms on device for
-            :meth:`gradmon_layer_stats`.
+        return_grad: as in ``nn.TrainOneStepCell``: also return ``{parameter name: gradient}``.
+        **options: gradmon's options, each described in :class:`~gradmon.cells.options.StepOptions`
+            (``max_norm``, ``skip_nonfinite``, ``spike_mode``, ``history_size``, ``output_layout``...).
 
     Outputs:
-        ``(loss, grad_norm)``: the loss and the float32 global L2 norm of the gradients after the
-        data-parallel reduction (and loss-scale unscaling), before clipping.
+        ``(loss, grad_norm[, grads][, *extra])``: the loss (the network's first output), the float32
+        global L2 norm of the gradients after the data-parallel reduction (and loss-scale unscaling),
+        before clipping, the gradient dict with ``return_grad=True`` and the network's other outputs.
+        ``output_layout="mindformers"``: ``(loss, overflow, scale, lr, grad_norm)``. See
+        :mod:`gradmon.cells.layouts`.
     """
 
     # Whether construct scales the loss (the loss-scale subclass): fixes skip_nonfinite, adds a ring column.
     _loss_scaled: ClassVar[bool] = False
 
     def __init__(self, network: nn.Cell, optimizer: nn.Cell, sens: float | None = None,
-                 **options: Any) -> None:
+                 return_grad: bool = False, **options: Any) -> None:
         require_supported()
-        checked = StepOptions.from_kwargs(type(self).__name__, **options)  # fail before building anything
-        super().__init__(network, optimizer, sens=sens)
+        # Fail before building anything.
+        checked = StepOptions.from_kwargs(type(self).__name__, **options)
+        sens, return_grad = check_stock_arguments(sens, return_grad, checked.output_layout)
+        super().__init__(network, optimizer, sens=sens, return_grad=return_grad)
         check_train_cell_layout(self)
         self.options = checked
         self._setup_monitoring(checked)
+        self._setup_outputs(checked)
 
     # ----------------------------------------------------------------------------------- setup
     def _setup_monitoring(self, options: StepOptions) -> None:
@@ -156,22 +158,37 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
 
     # ------------------------------------------------------------------------------- construct
     def construct(self, *inputs):
-        loss = self.network(*inputs)
+        outputs = self._forward(*inputs)
+        loss, extra = split_network_outputs(outputs)
+        lr = self._step_learning_rate()  # before the optimizer advances its global_step
+        grads, inv_scale, scale_used = self._backward(outputs, *inputs)
+        loss, norm, grads = self._monitored_update(loss, grads, inv_scale, scale_used)
+        return self._step_outputs(loss, norm, grads, extra, lr)
+
+    def _forward(self, *inputs):
+        """The network's outputs: its loss, or ``(loss, *extra)``."""
+        return self.network(*inputs)
+
+    def _backward(self, outputs, *inputs):
+        """``(grads, inv_scale, scale_used)``: gradients seeded with ``sens``, as ``nn.TrainOneStepCell``."""
         if self.sense_flag:
-            sens = ops.fill(loss.dtype, loss.shape, self.sens)
-            grads = self.grad(self.network, self.weights)(*inputs, sens)
+            grads = self.grad(self.network, self.weights)(*inputs, backward_seed(outputs, self.sens))
         else:
             grads = self.grad_no_sens(self.network, self.weights)(*inputs)
-        return self._monitored_update(loss, grads, self._one, self._one)
+        return grads, self._one, self._one
 
     def _monitored_update(self, loss, grads, inv_scale, scale_used):
-        """Norm, detector, clip, guarded optimizer call and history for one step."""
+        """Norm, detector, clip, guarded optimizer call and history for one step.
+
+        Returns ``(loss, grad_norm, grads)``: ``grads`` after the data-parallel reduction, before clipping.
+        """
         local = self._zero
         if self.local_norm:
             local = unscaled_global_norm(grads, inv_scale) if self.loss_scale else global_norm(grads)
         grads = self.grad_reducer(grads)
         if self.use_graceful_exit:
             grads = self.graceful_exit.exit_by_request(grads, self.init_param, self.exit_param)
+        reduced = grads  # what return_grad reports: the stock cell's gradients, before clipping
         # One flat float32 view of all gradients: three kernels for the norm however many tensors.
         # (Rescaling stays per tensor: measured, N multiplies beat one multiply plus a Split.)
         flat = flat_fp32(grads)
@@ -237,7 +254,7 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
             clipped = ops.logical_and(apply, coef < 1.0)
             self._record(loss, norm, coef, zscore, clipped, spike, ops.logical_not(apply),
                          ops.logical_not(finite), scale_used, local)
-        return loss, norm
+        return loss, norm, reduced
 
     def _record(self, loss, norm, coef, zscore, clipped, spike, skipped, nonfinite, scale_used, local):
         """Write this step's row into the ring and bump the counters (a handful of tiny kernels)."""
@@ -283,18 +300,8 @@ class MonitoredTrainStep(nn.TrainOneStepCell):
             raise RuntimeError("construct the step with layer_stats=True to keep per-parameter norms")
         grad_sq = self.layer_sq.asnumpy()
         param_sq = squared_norms(tuple(self.weights), self.segment_ids).asnumpy()
-        return layer_rows(self.weight_names, grad_sq.tolist(), param_sq.tolist(), self._current_lr(),
+        return layer_rows(self.weight_names, grad_sq.tolist(), param_sq.tolist(), current_lr(self.optimizer),
                           top_k=top_k, groups=groups)
-
-    def _current_lr(self) -> float:
-        """Learning rate of the optimizer now (first group when grouped); NaN if it cannot tell."""
-        try:
-            lr = self.optimizer.get_lr()
-            if isinstance(lr, (tuple, list)):
-                lr = lr[0]
-            return float(np.asarray(lr.asnumpy() if hasattr(lr, "asnumpy") else lr).reshape(-1)[0])
-        except Exception:  # an optimizer without get_lr: update_ratio becomes NaN, nothing breaks
-            return math.nan
 
 
 class MonitoredTrainStepWithLossScale(MonitoredTrainStep):
@@ -306,16 +313,22 @@ class MonitoredTrainStepWithLossScale(MonitoredTrainStep):
     unscaling, a check that runs on every backend (CPU included); an overflow step is skipped.
     The reported ``grad_norm`` is the unscaled norm; the history gets a ``loss_scale`` column with
     the scale the step used. Accepts the keyword options of :class:`MonitoredTrainStep` except
-    ``sens`` and ``skip_nonfinite`` (always on).
+    ``sens``, ``return_grad`` (the stock cell takes neither) and ``skip_nonfinite`` (always on).
+
+    Outputs: ``(loss, grad_norm, overflow, scale[, *extra])``; ``overflow`` is the bool the stock cell
+    returns (this step's gradients were not finite; the update was skipped) and ``scale`` the loss
+    scale after this step's update, as the stock cell returns it (the history keeps the scale the
+    step used). ``output_layout="mindformers"``: ``(loss, overflow, scale, lr, grad_norm)``.
     """
 
     _loss_scaled: ClassVar[bool] = True
 
     def __init__(self, network: nn.Cell, optimizer: nn.Cell, scale_sense: Any, **options: Any) -> None:
-        for fixed in ("sens", "skip_nonfinite"):
+        for fixed in ("sens", "return_grad", "skip_nonfinite"):
             if fixed in options:
                 raise TypeError(f"MonitoredTrainStepWithLossScale does not take {fixed!r} (the loss scale "
-                                "is the backward seed, and overflow steps are always skipped)")
+                                "is the backward seed, nn.TrainOneStepWithLossScaleCell returns no "
+                                "gradients, and overflow steps are always skipped)")
         if not isinstance(scale_sense, (nn.Cell, Tensor)):
             raise TypeError("scale_sense must be a loss-scale update Cell or a Tensor, "
                             f"got {type(scale_sense).__name__}")
@@ -328,15 +341,19 @@ class MonitoredTrainStepWithLossScale(MonitoredTrainStep):
         else:
             self.scale_sense = Parameter(scale_sense, name="scale_sense")
 
-    def construct(self, *inputs):
-        loss = self.network(*inputs)
+    def _backward(self, outputs, *inputs):
+        """Gradients seeded with the loss scale, as ``nn.TrainOneStepWithLossScaleCell`` seeds them."""
         scale = ops.cast(self.scale_sense, ms.float32).reshape(())
         # A copy of the scale this step uses (Stack writes a new buffer): a cast/reshape may alias the
         # Parameter, which the update cell overwrites before the history row is written.
         scale_used = ops.stack((scale,))
-        sens = ops.ones_like(loss) * ops.cast(scale, loss.dtype)
-        grads = self.grad(self.network, self.weights)(*inputs, sens)
-        return self._monitored_update(loss, grads, 1.0 / scale, scale_used)
+        grads = self.grad(self.network, self.weights)(*inputs, backward_seed(outputs, scale))
+        return grads, 1.0 / scale, scale_used
+
+    def _loss_scale_after(self):
+        # What nn.TrainOneStepWithLossScaleCell returns: the scale after this step's update (the next
+        # step's), as a new tensor (in PYNATIVE the stock cell returns the Parameter itself, which changes).
+        return ops.ones_like(self.scale_sense) * self.scale_sense
 
     def set_sense_scale(self, sens: Tensor) -> None:
         """Replace a fixed loss scale (same shape and dtype as the original ``scale_sense``)."""

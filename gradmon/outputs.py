@@ -10,7 +10,9 @@ Recognised shapes (``loss`` always first):
 - a tuple or list ``(loss, ...)``. After the loss, a number before any **boolean** element is the
   gradient norm (``(loss, grad_norm)``: gradmon's ``MonitoredTrainStep``). The first boolean is the
   loss-scale overflow flag, and the elements after it are, by position, the loss scale, the learning
-  rate and the global gradient norm: MindSpore's ``nn.TrainOneStepWithLossScaleCell`` returns
+  rate and the global gradient norm when no norm came before the flag (gradmon's loss-scale cell
+  returns ``(loss, grad_norm, overflow, scale, *network extras)``: after the flag only the scale is
+  read). MindSpore's ``nn.TrainOneStepWithLossScaleCell`` returns
   ``(loss, overflow, scale)``; mindformers' ``MFTrainOneStepCell`` and ``MFPipelineWithLossScaleCell``
   (1.3 to 2.1 on PyPI) return ``(loss, overflow, scale, lr, global_norm)``, or that plus
   ``(local_norm, size)`` with ``local_norm=True`` (ignored), with ``global_norm`` None unless
@@ -146,8 +148,10 @@ def _parse_sequence(outputs: tuple[Any, ...] | list[Any]) -> StepOutputs:
     result.overflow = _to_bool(rest[flag])
     scale, lr, norm = (*rest[flag + 1 : flag + 4], None, None, None)[:3]
     result.loss_scale = to_float(scale)
-    result.lr = to_float(lr)
     if result.grad_norm is None:
+        # mindformers' layout: the rate and the norm follow the scale. With a norm before the flag
+        # (gradmon's (loss, grad_norm, overflow, scale, *network extras)) what follows is the network's.
+        result.lr = to_float(lr)
         result.grad_norm = to_float(norm)
     return result
 

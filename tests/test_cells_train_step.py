@@ -12,17 +12,9 @@ from gradmon.cells.zclip_reference import zclip_run
 from mindspore import Tensor, nn
 
 from examples.models import MLP, TinyTransformer, with_loss
+from tests import parity_util
 
-MODES = {"GRAPH": ms.GRAPH_MODE, "PYNATIVE": ms.PYNATIVE_MODE}
-
-
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    """Run the test in GRAPH and in PYNATIVE mode (switched in-process with set_context)."""
-    old = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=old)
+mode = parity_util.mode  # the GRAPH / PYNATIVE fixture
 
 
 @pytest.fixture
@@ -146,7 +138,7 @@ def test_graph_and_pynative_agree():
     rows = {}
     old = ms.get_context("mode")
     try:
-        for name, m in MODES.items():
+        for name, m in parity_util.MODES.items():
             ms.set_context(mode=m)
             net = _make("mlp")
             step = MonitoredTrainStep(with_loss(net), nn.Adam(net.trainable_params(), 1e-2), max_norm=1.0,
@@ -250,12 +242,12 @@ def test_loss_scale_reports_unscaled_norm_and_skips_overflow(graph_mode):
     x, y = _batch(4)
     grads = _ref_grads(ref, x, y)
     before = _weights(net)
-    _, norm = step(x, y)
+    norm = step(x, y)[1]
     np.testing.assert_allclose(float(norm.asnumpy()), _norm(grads), rtol=1e-5)
     for w0, w1, g in zip(before, _weights(net), grads):
         np.testing.assert_allclose(w1, w0 - 0.1 * g, rtol=1e-5, atol=1e-7)
     state = _state(step)
-    _, norm = step(*_nan_batch())
+    norm = step(*_nan_batch())[1]
     assert not math.isfinite(float(norm.asnumpy()))
     state_after = _state(step)
     assert float(step.scale_sense.asnumpy()) == 2.0**11
@@ -272,12 +264,12 @@ def test_loss_scale_overflow_from_huge_scale_backs_off(graph_mode):
     step = MonitoredTrainStepWithLossScale(with_loss(net), nn.SGD(net.trainable_params(), 1e-12), update)
     x, y = _batch(5, scale=1e10)  # gradients ~1e10: scaled by 2^100 they overflow float32
     before = _weights(net)
-    _, norm = step(x, y)
+    norm = step(x, y)[1]
     assert not math.isfinite(float(norm.asnumpy()))
     assert all(np.array_equal(a, b) for a, b in zip(before, _weights(net)))
     assert float(step.scale_sense.asnumpy()) == 2.0**99
     for _ in range(40):
-        _, norm = step(x, y)
+        norm = step(x, y)[1]
         if math.isfinite(float(norm.asnumpy())):
             break
     assert math.isfinite(float(norm.asnumpy()))
@@ -295,7 +287,7 @@ def test_fixed_loss_scale_tensor(mode):
     x, y = _batch(6)
     grads = _ref_grads(ref, x, y)
     before = _weights(net)
-    _, norm = step(x, y)
+    norm = step(x, y)[1]
     ref_norm = _norm(grads)
     np.testing.assert_allclose(float(norm.asnumpy()), ref_norm, rtol=1e-5)
     coef = 0.01 / (ref_norm + 1e-6)

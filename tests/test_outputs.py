@@ -235,3 +235,11 @@ def test_live_monitor_reads_mindspores_loss_scale_cell(tmp_path):
     assert [s["loss_scale"] for s in steps] == [2.0**12, 2.0**11, 2.0**11, 2.0**11]
     assert [s["loss_scale"] for s in steps] == [float(o[2]) for o in outputs]
     assert all("grad_norm" not in s for s in steps)
+
+
+def test_gradmon_loss_scale_layout_with_network_extras_reads_no_lr():
+    # (loss, grad_norm, overflow, scale, *extra outputs of the network): the extras are not an lr/norm.
+    parsed = parse_step_outputs((np.float32(0.5), np.float32(2.0), np.bool_(False), np.float32(1024.0),
+                                 np.float32(7.0), np.float32(9.0)))
+    assert parsed.grad_norm == 2.0 and parsed.loss_scale == 1024.0 and parsed.lr is None
+    assert parsed.overflow is False
