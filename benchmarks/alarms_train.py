@@ -122,17 +122,6 @@ def lr_schedule(setting: Setting, total: int) -> list[float] | float:
     return ramp + decay
 
 
-def batch_plan(n: int, batch_size: int, steps: int, seed: int) -> list[np.ndarray]:
-    """Index arrays of ``steps`` batches: reshuffled epochs of whole batches, seeded."""
-    rng = np.random.default_rng(seed)
-    per_epoch = n // batch_size
-    out: list[np.ndarray] = []
-    while len(out) < steps:
-        perm = rng.permutation(n)
-        out.extend(perm[i * batch_size:(i + 1) * batch_size] for i in range(per_epoch))
-    return out[:steps]
-
-
 def apply_fault(fault: Fault | None, offset: int, x: np.ndarray, y: np.ndarray,
                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """The batch as the faulty pipeline delivers it, ``offset`` steps after the fault's first step."""
@@ -167,10 +156,11 @@ class _Trainer:
         from mindspore import nn
 
         from examples.models import MLP, TinyTransformer, with_loss
+        from examples.spike_demo import batch_order
 
         self.setting = setting
         self.x, self.y = data[0], data[1]
-        self.plan = batch_plan(len(self.x), setting.batch_size, total_steps, seed)
+        self.plan = batch_order(len(self.x), setting.batch_size, total_steps, seed)
         ms.set_seed(seed)
         net = MLP() if setting.model == "mlp" else TinyTransformer(d_model=64, heads=4, layers=2, ff=128)
         if setting.loss_scale:
