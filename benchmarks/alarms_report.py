@@ -12,6 +12,7 @@ RULE_NAMES = {
     "banner": "page banner today (5x median ∪ ZClip ∪ non-finite, per step)",
     "page_rule": "page 5x-rolling-median rule (+ non-finite)",
     "zclip": "cell ZClip flags, old defaults (+ non-finite)",
+    "detector": "cell detector flags, new defaults (+ non-finite)",
     "alarms": "**new alarm rule** (per incident)",
 }
 

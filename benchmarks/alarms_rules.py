@@ -7,6 +7,8 @@
 - ``zclip``: the cell's detector flags (plus non-finite steps) under its old defaults (25, 0.97,
   2.5), replayed on the run's norms with ``gradmon.cells.zclip_reference`` (the runs themselves
   train with the new defaults; ``cell_spike_steps`` are their flags);
+- ``detector``: the flags the runs' own cells raised with the new detector defaults (plus
+  non-finite steps): what the page would mark as spikes now;
 - ``alarms``: :class:`gradmon.alarms.AlarmRule` — one alarm per incident.
 
 Per-step rules raise one banner item per flagged step; the alarm rule one alarm per incident.
@@ -24,7 +26,7 @@ from gradmon.alarms import AlarmConfig, AlarmRule
 
 OLD_ZCLIP = {"warmup": 25, "alpha": 0.97, "z_threshold": 2.5}
 PAGE_RULE = {"k": 5.0, "window": 50, "min_history": 10}
-RULES = ("banner", "page_rule", "zclip", "alarms")
+RULES = ("banner", "page_rule", "zclip", "detector", "alarms")
 MUST_MAGNITUDE = 10.0  # faults that move the norm this much (or make a value non-finite) must alarm
 MAGNITUDE_BASE_STEPS = 50  # the norm level before a fault: the median of this many clean steps
 
@@ -101,6 +103,8 @@ def flagged_steps(rule: str, records: Sequence[dict[str, Any]], config: AlarmCon
         steps |= page_rule_steps(records)
     if rule in ("banner", "zclip") and detector:
         steps |= zclip_steps(records)
+    if rule == "detector":
+        steps |= cell_spike_steps(records)
     return sorted(steps)
 
 
