@@ -7,6 +7,7 @@ import statistics
 from typing import Any
 
 from benchmarks.report import table
+from gradmon.jsonl import NONFINITE_STRINGS
 
 RULE_NAMES = {
     "banner": "page banner today (5x median ∪ ZClip ∪ non-finite, per step)",
@@ -88,8 +89,19 @@ def _example_rows(examples: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _numbers(value: Any) -> Any:
+    """``value`` with the JSON file's "NaN"/"Infinity" strings back as floats (the same tables
+    from the document in memory and from its file)."""
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    return NONFINITE_STRINGS.get(value, value) if isinstance(value, str) else value
+
+
 def render_section(doc: dict[str, Any], level: int = 3) -> str:
     """The tables, with headings at ``level`` (a section of ``benchmarks/RESULTS.md``: 3)."""
+    doc = _numbers(doc)
     h = "#" * level
     m = doc.get("machine", {})
     plan = doc["plan"]

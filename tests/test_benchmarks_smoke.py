@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from benchmarks.alarms_report import render as render_alarms
 from benchmarks.report import render
 from benchmarks.runlogs import generate_run_log
 from benchmarks.stats import bracket_schedule, bracketed_ratios, percentile, steps_per_block, summarize
@@ -190,3 +191,4 @@ def test_alarm_benchmark_smoke_writes_its_tables(tmp_path):
     _check_alarm_setting(doc["settings"][0])
     md = md_path.read_text()
     assert md.startswith("# Alarm benchmark") and "**new alarm rule**" in md and "SMOKE RUN" in md
+    assert render_alarms(doc) == md  # the same tables from the JSON file ("Infinity" as text there)
