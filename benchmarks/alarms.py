@@ -71,6 +71,7 @@ def score_clean(records: Sequence[dict[str, Any]], warmup: int) -> dict[str, Any
         "detector_new_per_100": rules.detector_rate(records, warmup, cell),
         "detector_new_flags": len(cell),
         "alarm_events": rules.alarm_events(records),
+        "headroom": rules.headroom(records),
     }
 
 
@@ -90,6 +91,7 @@ def score_setting(runs: SettingRuns) -> dict[str, Any]:
             "scores": {rule: {"alarms": s.alarms, "delay": s.delay, "detected": s.detected}
                        for rule, s in scores.items()},
             "alarm_events": events,
+            "headroom": rules.headroom([*prefix, *fr.records], steps=(fr.start, fr.start + 1)),
         })
     return {"setting": runs.setting.name, "what": runs.setting.describe(), "seconds": runs.seconds,
             "detector_warmup": runs.warmup_detector, "clean": clean, "faults": faults}

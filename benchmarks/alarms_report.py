@@ -99,6 +99,23 @@ def _numbers(value: Any) -> Any:
     return NONFINITE_STRINGS.get(value, value) if isinstance(value, str) else value
 
 
+def _largest(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _headroom_rows(doc: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for s in doc["settings"]:
+        clean = [c["headroom"] for c in s["clean"].values()]
+        must = [f["headroom"] for f in s["faults"] if f["must"] and math.isfinite(f["magnitude"])]
+        rows.append([s["setting"], _f(_largest(c["norm_over_envelope"] for c in clean), ".2f"),
+                     _f(_largest(c["loss_over_height"] for c in clean), ".2f"),
+                     ", ".join(f"{_f(m['norm_over_envelope'])} / {_f(m['loss_over_height'])}" for m in must)
+                     or "—"])
+    return rows
+
+
 def render_section(doc: dict[str, Any], level: int = 3) -> str:
     """The tables, with headings at ``level`` (a section of ``benchmarks/RESULTS.md``: 3)."""
     doc = _numbers(doc)
@@ -125,6 +142,14 @@ def render_section(doc: dict[str, Any], level: int = 3) -> str:
                "delay, must faults (median / max)"]
     rows = [_rule_summary(s, rule) for s in doc["settings"] for rule in RULE_NAMES]
     out.append(table(headers, rows))
+    cfg = doc["alarm_config"]
+    out.append(f"\n{h} Headroom of the alarm rule's spike tests\n")
+    out.append(f"The largest norm / envelope among norms above {cfg['norm_ratio']}x the running median "
+               f"(alarm above {cfg['norm_over_max']}), and the largest loss rise / envelope height among "
+               f"losses above the `loss_ratio` bound (alarm above {cfg['loss_over_max']}): on the clean "
+               "runs, and at the first two steps of each finite must fault.\n")
+    out.append(table(["setting", "clean: norm / envelope", "clean: loss rise / height",
+                      "must faults: norm / envelope, loss rise / height"], _headroom_rows(doc)))
     out.append(f"\n{h} Detector (`spike`) flags on clean runs, per 100 steps after its warm-up\n")
     out.append(table(["setting", "seed", "steps", "ZClip defaults (25, 0.97, 2.5), replayed",
                       "new defaults (the cell's own flags)", "new: flags"], _detector_rows(doc)))

@@ -156,5 +156,41 @@ def score_fault(rule: str, prefix: Sequence[dict[str, Any]], faulty: Sequence[di
     return FaultScore(len(steps), steps[0] - start if steps else None)
 
 
+def headroom(records: Sequence[dict[str, Any]], config: AlarmConfig | None = None,
+             steps: Iterable[int] | None = None) -> dict[str, float | None]:
+    """How close the alarm rule's spike tests came to firing: the largest ``norm / envelope`` among
+    norms above ``norm_ratio`` x the median, and the largest ``loss rise / envelope height`` among
+    losses above the ``loss_ratio`` bound (None when there is none), over ``steps`` (default all).
+    Baselines as the rule keeps them, without its flags (a pure replay)."""
+    from gradmon.alarms import RunningBaseline
+
+    config = config or AlarmConfig()
+    wanted = None if steps is None else set(steps)
+    norms, losses = RunningBaseline(config.window), RunningBaseline(config.window)
+    worst: dict[str, float | None] = {"norm_over_envelope": None, "loss_over_height": None}
+
+    def raise_to(key: str, value: float) -> None:
+        old = worst[key]
+        worst[key] = value if old is None else max(old, value)
+
+    for r in records:
+        norm, loss = r.get("grad_norm"), r.get("loss")
+        judged = wanted is None or r["step"] in wanted
+        if judged and _finite(norm) and len(norms) >= config.min_history:
+            median = norms.median()
+            if norm > config.norm_ratio * median:
+                raise_to("norm_over_envelope", norm / norms.envelope())
+        if judged and _finite(loss) and len(losses) >= config.min_history:
+            median = losses.median()
+            height = losses.envelope() - median
+            if loss - median > config.loss_ratio * abs(median) and height > 0:
+                raise_to("loss_over_height", (loss - median) / height)
+        if _finite(norm):
+            norms.add(norm)
+        if _finite(loss):
+            losses.add(loss)
+    return worst
+
+
 def per_thousand(count: int, steps: int) -> float:
     return 1000.0 * count / steps if steps else math.nan
