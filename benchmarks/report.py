@@ -295,13 +295,21 @@ def _page(sec: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-RENDERERS = {"step": _step, "norm": _norm, "logging": _logging, "server": _server, "page": _page}
+def _alarms(sec: dict[str, Any]) -> str:
+    from benchmarks.alarms_report import render_section  # imports this module: not at the top
+
+    return render_section(sec)
+
+
+RENDERERS = {"step": _step, "norm": _norm, "logging": _logging, "server": _server, "page": _page,
+             "alarms": _alarms}
 TITLES = {
     "step": "Step overhead",
     "norm": "Norm / clip / history forms (for the cell)",
     "logging": "Logging path",
     "server": "Server",
     "page": "Dashboard page",
+    "alarms": "Alarms (`python -m benchmarks.alarms`)",
 }
 
 

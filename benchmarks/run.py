@@ -21,7 +21,7 @@ from gradmon.jsonl import to_jsonable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "out")
-SECTIONS = ("step", "norm", "logging", "server", "page")
+SECTIONS = ("step", "norm", "logging", "server", "page", "alarms")
 
 
 def _section_runner(name: str) -> Callable[..., dict[str, Any]]:
@@ -34,6 +34,8 @@ def _section_runner(name: str) -> Callable[..., dict[str, Any]]:
         from benchmarks.logging_section import run_section
     elif name == "server":
         from benchmarks.server_section import run_section
+    elif name == "alarms":
+        from benchmarks.alarms import run_section
     else:
         from benchmarks.page_section import run_section
     return run_section

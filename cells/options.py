@@ -55,9 +55,9 @@ class StepOptions:
     max_norm: float | None = None
     skip_nonfinite: bool = True
     spike_mode: str = "off"
-    spike_warmup: int = 25
-    spike_alpha: float = 0.97
-    spike_z: float = 2.5
+    spike_warmup: int = SpikeConfig.warmup  # the detector's defaults live in SpikeConfig
+    spike_alpha: float = SpikeConfig.alpha
+    spike_z: float = SpikeConfig.z_threshold
     history_size: int = 1024
     local_norm: bool = False
     layer_stats: bool = False

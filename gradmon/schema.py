@@ -9,6 +9,8 @@ checks that the two agree. No imports, no I/O: safe to import from anywhere, Min
 from __future__ import annotations
 
 __all__ = [
+    "ALARM_KINDS",
+    "ALARM_REASONS",
     "FLAG_FIELDS",
     "HISTORY_BASE_FIELDS",
     "HISTORY_COUNTER_NAMES",
@@ -26,6 +28,7 @@ SCHEMA_VERSION = 1
 TEXT_KEYS = frozenset({
     "type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit",
     "parallel_mode", "norm_strategy", "initial_step_from", "steps_per_epoch_unknown", "reason", "skip_reason",
+    "field",
 })
 
 # Known fields and the JSON types they must have when present (bool is not a number here).
@@ -45,3 +48,8 @@ NOT_SERIES = frozenset({"step", "epoch", "ts", "schema", "pid", "rank", "world_s
 # int32 totals kept beside it (after the step count).
 HISTORY_BASE_FIELDS = ("loss", "grad_norm", "clip_coef", "zscore", *FLAG_FIELDS)
 HISTORY_COUNTER_NAMES = ("clipped", "spikes", "skipped", "nonfinite")
+
+# Alarms (gradmon/alarms.py): the event kinds that open and close an incident, and the reasons an
+# incident opens for.
+ALARM_KINDS = ("alarm", "alarm_end")
+ALARM_REASONS = ("nonfinite", "grad_norm_spike", "loss_spike", "abort")

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from benchmarks.alarms_report import render as render_alarms
 from benchmarks.report import render
 from benchmarks.runlogs import generate_run_log
 from benchmarks.stats import bracket_schedule, bracketed_ratios, percentile, steps_per_block, summarize
@@ -104,7 +105,7 @@ def test_smoke_run_writes_every_section(tmp_path):
     assert doc["smoke"] is True
     assert doc["machine"]["cpu_count"] >= 1 and doc["machine"]["versions"]["mindspore"]
     sections = doc["sections"]
-    assert set(sections) == {"step", "norm", "logging", "server", "page"}
+    assert set(sections) == {"step", "norm", "logging", "server", "page", "alarms"}
     for name, sec in sections.items():
         assert "error" not in sec, f"{name}: {sec.get('error')}\n{sec.get('traceback', '')}"
         if "skipped" in sec:  # a dependency is missing: the reason must say so
@@ -167,8 +168,13 @@ def test_smoke_run_writes_every_section(tmp_path):
         for key in ("one_run_ready_ms", "four_runs_ready_ms", "one_run_heap_mb", "four_runs_heap_mb"):
             assert _finite_positive(sections["page"].get(key)), key
 
+    # alarms: real training with injected faults; the NaN batch must alarm at once, nothing else may.
+    [setting] = sections["alarms"]["settings"]
+    _check_alarm_setting(setting)
+
     md = mds[0].read_text()
     assert "SMOKE RUN" in md and "## Step overhead" in md and "stock_clip" in md
+    assert "### Rules compared, per setting" in md
     assert render(doc) == md
 
 
@@ -179,3 +185,27 @@ def test_report_renders_skipped_and_failed_sections():
     md = render(doc)
     assert "Not run: gradmon.server.cli not available" in md
     assert "Failed: boom" in md
+
+
+def _check_alarm_setting(setting: dict) -> None:
+    clean = setting["clean"]["0"]
+    assert clean["steps"] > 0 and clean["flags"]["alarms"] == []
+    by_fault = {f["fault"]: f for f in setting["faults"]}
+    nan = by_fault["nan_batch"]
+    assert nan["must"] and nan["scores"]["alarms"] == {"alarms": 1, "delay": 0, "detected": True}
+    assert [e["reason"] for e in nan["alarm_events"] if e["kind"] == "alarm"] == ["nonfinite"]
+
+
+@pytest.mark.slow
+def test_alarm_benchmark_smoke_writes_its_tables(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.alarms", "--smoke", "--out-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [json_path] = tmp_path.glob("alarms-*-smoke.json")
+    [md_path] = tmp_path.glob("alarms-*-smoke.md")
+    doc = json.loads(json_path.read_text())
+    assert doc["smoke"] is True and len(doc["settings"]) == 1
+    _check_alarm_setting(doc["settings"][0])
+    md = md_path.read_text()
+    assert md.startswith("# Alarm benchmark") and "**new alarm rule**" in md and "SMOKE RUN" in md
+    assert render_alarms(doc) == md  # the same tables from the JSON file ("Infinity" as text there)

@@ -7,7 +7,7 @@ import math
 import mindspore as ms
 import numpy as np
 import pytest
-from gradmon.cells import MonitoredTrainStep, MonitoredTrainStepWithLossScale
+from gradmon.cells import MonitoredTrainStep, MonitoredTrainStepWithLossScale, SpikeConfig
 from gradmon.cells.zclip_reference import zclip_run
 from mindspore import Tensor, nn
 
@@ -319,7 +319,8 @@ def _spike_run(spike_mode: str, **options):
 def _check_stats_against_reference(step):
     snap = step.gradmon_read_history()
     norms = snap.column("grad_norm").tolist()
-    ref, _ = zclip_run(norms, warmup=WARMUP, alpha=0.97, z_threshold=2.5)
+    opts = step.options  # the cell's detector settings (its defaults apart from the warm-up)
+    ref, _ = zclip_run(norms, warmup=WARMUP, alpha=opts.spike_alpha, z_threshold=opts.spike_z)
     np.testing.assert_allclose(snap.column("zscore"), [s.zscore for s in ref], rtol=1e-3, atol=1e-4)
     assert snap.column("spike").tolist() == [float(s.spike) for s in ref]
     return snap, ref
@@ -328,7 +329,7 @@ def _check_stats_against_reference(step):
 def test_spike_detect_flags_only(graph_mode):
     step, norm, applied = _spike_run("detect")
     snap, _ = _check_stats_against_reference(step)
-    assert snap.column("spike")[-1] == 1.0 and snap.column("zscore")[-1] > 2.5
+    assert snap.column("spike")[-1] == 1.0 and snap.column("zscore")[-1] > step.options.spike_z
     assert snap.column("spike")[:-1].sum() == 0 and snap.column("zscore")[:WARMUP].tolist() == [0.0] * WARMUP
     np.testing.assert_allclose(applied, norm, rtol=1e-3)  # the full gradient went in
     assert snap.counters["spikes"] == 1 and snap.counters["skipped"] == 0
@@ -343,7 +344,8 @@ def test_spike_clip_clips_to_reciprocal_target(graph_mode):
     np.testing.assert_allclose(snap.column("clip_coef")[-1], ref[-1].target / norm, rtol=1e-3)
     # device statistics were fed the clipped norm, like the reference
     state_mean = float(step.spike_state.asnumpy()[1])
-    _, ref_state = zclip_run(snap.column("grad_norm").tolist(), warmup=WARMUP, alpha=0.97, z_threshold=2.5)
+    _, ref_state = zclip_run(snap.column("grad_norm").tolist(), warmup=WARMUP, alpha=step.options.spike_alpha,
+                             z_threshold=step.options.spike_z)
     np.testing.assert_allclose(state_mean, ref_state.mean, rtol=1e-4)
 
 
@@ -420,7 +422,9 @@ def test_config_and_errors():
     config = step.gradmon_config()
     assert config["max_norm"] == 2.0 and config["spike_mode"] == "detect" and config["history_size"] == 16
     assert config["history_fields"][:2] == ["loss", "grad_norm"] and config["loss_scale"] is False
-    assert config["skip_nonfinite"] is True and config["spike_warmup"] == 25 and config["spike_z"] == 2.5
+    defaults = SpikeConfig()
+    assert config["skip_nonfinite"] is True and config["spike_warmup"] == defaults.warmup
+    assert config["spike_alpha"] == defaults.alpha and config["spike_z"] == defaults.z_threshold
     with pytest.raises(RuntimeError, match="layer_stats"):
         step.gradmon_layer_stats()
     for bad in ({"max_norm": 0.0}, {"max_norm": -1.0}, {"max_norm": math.inf}, {"history_size": -1},

@@ -31,6 +31,27 @@ def test_reference_warmup_then_flags_a_large_outlier():
     assert state.count == 28
 
 
+def _rising_then_flat(seed: int = 3) -> list[float]:
+    """Early SGD: the norm climbs 4 % a step for 60 steps (with batch noise), then levels off."""
+    rng = np.random.default_rng(seed)
+    rise = list(0.3 * 1.04 ** np.arange(60) * rng.lognormal(0, 0.15, 60))
+    return rise + list(rise[-1] * rng.lognormal(0, 0.15, 100))
+
+
+def test_default_settings_do_not_flag_a_norm_that_is_still_rising():
+    # Why the defaults changed (docs/cells.md): ZClip's 25/0.97/2.5 flag the ordinary steps of an
+    # early rise (the lagging EMA keeps them a few "sigmas" above it); the defaults flag none.
+    norms = _rising_then_flat()
+    old, _ = zclip_run(norms, warmup=25, alpha=0.97, z_threshold=2.5)
+    assert sum(s.spike for s in old) >= 10
+    d = SpikeConfig()
+    new, _ = zclip_run(norms, warmup=d.warmup, alpha=d.alpha, z_threshold=d.z_threshold)
+    assert not any(s.spike for s in new)
+    norms[120] *= 30  # a real outlier after the warm-up is still flagged
+    new, _ = zclip_run(norms, warmup=d.warmup, alpha=d.alpha, z_threshold=d.z_threshold)
+    assert [i for i, s in enumerate(new) if s.spike] == [120]
+
+
 def test_reference_ignores_non_finite():
     state = ZClipState()
     for v in (1.0, 2.0, math.nan, math.inf):

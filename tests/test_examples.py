@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "demo.py"
 SPIKE_DEMO = ROOT / "examples" / "spike_demo.py"
 
-# The small spike-demo run of these tests: the scaled batch after the detector's 25-step warm-up,
+# The small spike-demo run of these tests: the scaled batch after the detector's 50-step warm-up,
 # the NaN batch later (the undefended run is aborted before it gets there).
 SPIKE_STEPS, SPIKE_AT, NAN_AT = 100, 60, 80
 

@@ -23,7 +23,8 @@ def _js_schema() -> dict:
     return json.loads(out)
 
 
-@pytest.mark.parametrize("name", ["TEXT_KEYS", "INT_FIELDS", "NUMBER_FIELDS", "FLAG_FIELDS", "NOT_SERIES"])
+@pytest.mark.parametrize("name", ["TEXT_KEYS", "INT_FIELDS", "NUMBER_FIELDS", "FLAG_FIELDS", "NOT_SERIES",
+                                  "ALARM_KINDS", "ALARM_REASONS"])
 def test_js_lists_match_python(name: str) -> None:
     assert sorted(_js_schema()[name]) == sorted(getattr(schema, name))
 

@@ -68,7 +68,7 @@ class GradmonServer:
                  token: str | None = None, *, poll_interval: float = POLL_INTERVAL_S,
                  discover_interval: float = DISCOVER_INTERVAL_S, static_dir: Path | None = None,
                  client_queue_bytes: int = CLIENT_QUEUE_BYTES, poll_max_bytes: int = POLL_MAX_BYTES,
-                 workers: WorkerPool | None = None) -> None:
+                 workers: WorkerPool | None = None, alerts: Any | None = None) -> None:
         self.root = os.path.realpath(os.fspath(logdir))
         self.host = host
         self.port = port
@@ -84,6 +84,7 @@ class GradmonServer:
         self.sessions = Sessions(self)
         self._tasks: list[asyncio.Task] = []
         self._server: Any = None
+        self.alerts = alerts  # gradmon.server.alerts.AlertSender (--alert-webhook), fed every batch
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -100,6 +101,8 @@ class GradmonServer:
         sock = next(iter(self._server.sockets))
         self.port = sock.getsockname()[1]
         self._tasks = [asyncio.create_task(self._tail_loop()), asyncio.create_task(self._discover_loop())]
+        if self.alerts is not None:
+            self.alerts.start(self.url.split("?", 1)[0])  # the link in messages, without the token
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -110,6 +113,8 @@ class GradmonServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        if self.alerts is not None:
+            await self.alerts.close()
 
     @property
     def clients(self) -> set[Client]:
@@ -165,6 +170,8 @@ class GradmonServer:
             self._on_reset(run)
         if batch is not None:
             self._on_batch(run, batch)
+            if self.alerts is not None:  # what the server read first (the backlog) is not news
+                self.alerts.feed(run.name, batch.records, replay=was_indexing)
         elif run.name not in self._announced and run.gen is not None:
             self._announce(run, Position(run.gen, 0))
         if was_indexing and not run.indexing:

@@ -28,6 +28,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
     p.add_argument("--token", default=None,
                    help="access token (default: none on loopback, generated otherwise)")
+    p.add_argument("--alert-webhook", metavar="URL", default=None,
+                   help="post a message to this incoming-webhook URL per alarm and per aborted run "
+                        "(Slack, Feishu, DingTalk, ...; rate-limited, never blocks the server)")
+    p.add_argument("--alert-format", choices=("slack", "feishu", "dingtalk", "json"), default="slack",
+                   help='webhook payload: slack {"text": ...} (default; also Mattermost, Rocket.Chat), '
+                        "feishu, dingtalk, or json (the text plus every field)")
+    p.add_argument("--alert-link", metavar="URL", default=None,
+                   help="dashboard URL the messages link to (default: this server's URL, without its token)")
     p.set_defaults(func=run_serve)
     return p
 
@@ -44,15 +52,27 @@ def run_serve(args: argparse.Namespace) -> int:
     if os.path.exists(args.logdir) and not os.path.isdir(args.logdir):
         print(f"gradmon serve: {args.logdir} is not a directory", file=sys.stderr)
         return 2
+    alerts = None
+    if args.alert_webhook is not None:
+        from gradmon.server.alerts import AlertSender
+
+        try:
+            alerts = AlertSender(args.alert_webhook, fmt=args.alert_format, link=args.alert_link)
+        except ValueError as exc:
+            print(f"gradmon serve: --alert-webhook: {exc}", file=sys.stderr)
+            return 2
 
     def ready(server) -> None:
         where = os.path.realpath(args.logdir)
         note = "" if os.path.isdir(where) else " (does not exist yet: runs appear once it does)"
         print(f"gradmon: serving runs under {where}{note}", flush=True)
+        if alerts is not None:  # the URL holds a secret: print only where it goes
+            where = alerts.url.split("/")[2].rsplit("@", 1)[-1]
+            print(f"gradmon: alerts go to the webhook at {where} ({alerts.fmt})", flush=True)
         print(f"gradmon: open {server.url}", flush=True)
 
     try:
-        asyncio.run(serve(args.logdir, args.host, args.port, args.token, ready=ready))
+        asyncio.run(serve(args.logdir, args.host, args.port, args.token, ready=ready, alerts=alerts))
     except KeyboardInterrupt:
         return 0
     except OSError as exc:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gradmon.server.index import RunIndex
@@ -92,6 +92,7 @@ class Batch:
     cursor: int
     lines: list[bytes]  # the raw valid lines, strict JSON already (sent as they are)
     status_changing: bool = False  # holds a header or an end record (the run's status may change)
+    records: list[dict] = field(default_factory=list)  # the same lines decoded (for the alert rule)
 
 
 class Run:
@@ -141,7 +142,7 @@ class Run:
             marks_status = self.index.status_records
             parsed = self.index.add_lines(res.lines, prev)
             batch = Batch(self.tailer.gen, prev, self.tailer.offset, parsed.raw,
-                          self.index.status_records != marks_status)
+                          self.index.status_records != marks_status, parsed.records)
         if not res.more:
             self.indexing = False
         return res.reset, batch, res.more

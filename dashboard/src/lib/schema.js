@@ -13,7 +13,8 @@
   const SCHEMA = Object.freeze({
     // Keys whose values are text by definition: a "NaN" there is the word, not a number.
     TEXT_KEYS: ["type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit",
-      "parallel_mode", "norm_strategy", "initial_step_from", "steps_per_epoch_unknown", "reason", "skip_reason"],
+      "parallel_mode", "norm_strategy", "initial_step_from", "steps_per_epoch_unknown", "reason", "skip_reason",
+      "field"],
     // Known fields that must be integers / numbers when present.
     INT_FIELDS: ["step", "epoch", "pid", "world_size", "rank", "schema", "steps"],
     NUMBER_FIELDS: ["ts", "start_time"],
@@ -23,6 +24,9 @@
     MARK_FLAGS: [["spike", "spike"], ["skipped", "skip"], ["nonfinite", "nonfinite"]],
     // Numeric fields of a step record that are coordinates or bookkeeping, not series.
     NOT_SERIES: ["step", "epoch", "ts", "schema", "pid", "rank", "world_size"],
+    // Alarm events (gradmon/alarms.py): the kinds that open and close an incident, and its reasons.
+    ALARM_KINDS: ["alarm", "alarm_end"],
+    ALARM_REASONS: ["nonfinite", "grad_norm_spike", "loss_spike", "abort"],
   });
 
   return { SCHEMA };
