@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from gradmon.integrations.mindformers_options import TRAINER_ARGUMENTS, wrapper_options
+from gradmon.integrations.mindformers_options import TRAINER_ARGUMENTS, log_file_under, wrapper_options
 
 # What mindformers 1.8's Trainer passes to every wrapper (parallel_config dropped by build_wrapper).
 TRAINER = {"calculate_per_token_loss": False, "global_norm_spike_threshold": 1.0, "print_separate_loss": True,
@@ -94,6 +94,15 @@ def test_arguments_are_not_modified():
     before = dict(arguments)
     wrapper_options("W", arguments, loss_scale=False)
     assert arguments == before
+
+
+def test_live_monitor_log_is_under_mindformers_output_dir(tmp_path, monkeypatch):
+    root = str(tmp_path / "output")
+    assert log_file_under(root) == str(tmp_path / "output" / "gradmon" / "metrics.jsonl")
+    assert log_file_under(root, "runs/a.jsonl") == str(tmp_path / "output" / "runs" / "a.jsonl")
+    assert log_file_under(root, tmp_path / "abs.jsonl") == str(tmp_path / "abs.jsonl")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert log_file_under(root, "~/m.jsonl") == str(tmp_path / "home" / "m.jsonl")
 
 
 def test_gradmon_never_imports_mindformers():

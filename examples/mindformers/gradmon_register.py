@@ -6,5 +6,5 @@ imports this file, which registers gradmon's wrappers and ``LiveMonitor`` (see d
 from gradmon.integrations.mindformers import (  # noqa: F401 - importing registers them
     GradmonTrainStep,
     GradmonTrainStepWithLossScale,
-    LiveMonitor,
+    MindFormersLiveMonitor,
 )

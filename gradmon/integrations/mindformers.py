@@ -7,12 +7,13 @@ Importing this module registers, in ``MindFormerRegister``:
   :func:`~gradmon.integrations.mindformers_options.wrapper_options`);
 - ``GradmonTrainStepWithLossScale`` (wrapper): ``MonitoredTrainStepWithLossScale``, ``scale_sense``
   a number or a loss-scale cell (``{type: DynamicLossScaleUpdateCell, ...}``);
-- ``LiveMonitor`` (callback): :class:`gradmon.LiveMonitor` itself.
+- ``LiveMonitor`` (callback): :class:`MindFormersLiveMonitor`, :class:`gradmon.LiveMonitor` writing
+  under mindformers' ``output_dir`` (``<output_dir>/gradmon/metrics.jsonl`` by default);
 
 so a YAML config can say::
 
     runner_wrapper: {type: GradmonTrainStep, max_norm: 1.0, spike_mode: clip}
-    callbacks: [{type: MFLossMonitor}, {type: LiveMonitor, log_file: ./output/gradmon/metrics.jsonl}]
+    callbacks: [{type: MFLossMonitor}, {type: LiveMonitor}]
 
 Both wrappers return mindformers' tuple ``(loss, overflow, scale, lr, grad_norm)`` by default, so
 ``MFLossMonitor`` prints the norm and ``TrainingStateMonitor``'s global-norm checks work. mindformers
@@ -29,6 +30,7 @@ from mindspore import Tensor, nn
 try:
     from mindformers.core.context import is_legacy_model
     from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
+    from mindformers.tools.utils import get_output_root_path
 except ImportError as exc:  # pragma: no cover - exercised only without mindformers
     raise ImportError("gradmon.integrations.mindformers needs mindformers (pip install mindformers --no-deps "
                       f"and its requirements, see docs/mindformers.md): {exc}") from exc
@@ -36,9 +38,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without mindform
 from gradmon.callback import LiveMonitor
 from gradmon.cells import MonitoredTrainStep, MonitoredTrainStepWithLossScale
 
-from .mindformers_options import wrapper_options
+from .mindformers_options import DEFAULT_LOG_FILE, log_file_under, wrapper_options
 
-__all__ = ["GradmonTrainStep", "GradmonTrainStepWithLossScale", "LiveMonitor", "register"]
+__all__ = ["GradmonTrainStep", "GradmonTrainStepWithLossScale", "MindFormersLiveMonitor", "register"]
 
 
 def _require_legacy_model(owner: str) -> None:
@@ -81,11 +83,24 @@ class GradmonTrainStepWithLossScale(MonitoredTrainStepWithLossScale):
         super().__init__(network, optimizer, scale_sense, **options)
 
 
+class MindFormersLiveMonitor(LiveMonitor):
+    """:class:`gradmon.LiveMonitor` as a mindformers callback (registered as ``LiveMonitor``).
+
+    ``log_file`` (default ``gradmon/metrics.jsonl``) is relative to mindformers' output directory
+    (``output_dir``, as ``set_output_path`` set it before the Trainer builds its callbacks); the other
+    arguments are LiveMonitor's.
+    """
+
+    def __init__(self, log_file: str = DEFAULT_LOG_FILE, log_interval: int = 1, **options: Any) -> None:
+        super().__init__(log_file_under(get_output_root_path(), log_file), log_interval, **options)
+
+
 def register() -> None:
     """Register the wrappers and the callback in ``MindFormerRegister`` (again: same classes, no harm)."""
     for wrapper in (GradmonTrainStep, GradmonTrainStepWithLossScale):
         MindFormerRegister.register_cls(wrapper, module_type=MindFormerModuleType.WRAPPER)
-    MindFormerRegister.register_cls(LiveMonitor, module_type=MindFormerModuleType.CALLBACK)
+    MindFormerRegister.register_cls(MindFormersLiveMonitor, module_type=MindFormerModuleType.CALLBACK,
+                                    alias="LiveMonitor")
 
 
 register()

@@ -17,10 +17,14 @@ either:
 from __future__ import annotations
 
 import numbers
+import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["TRAINER_ARGUMENTS", "wrapper_options"]
+__all__ = ["DEFAULT_LOG_FILE", "TRAINER_ARGUMENTS", "log_file_under", "wrapper_options"]
+
+# LiveMonitor's log in a mindformers run, relative to mindformers' output_dir.
+DEFAULT_LOG_FILE = os.path.join("gradmon", "metrics.jsonl")
 
 # Passed by mindformers' Trainer (1.8's BaseTrainer.create_model_wrapper) to every runner_wrapper.
 # ``parallel_config`` is removed by build_wrapper for wrappers that are not mindformers' own.
@@ -95,3 +99,11 @@ def wrapper_options(owner: str, arguments: Mapping[str, Any], loss_scale: bool) 
 
     rest.setdefault("output_layout", "mindformers")
     return rest, scale_sense
+
+
+def log_file_under(output_root: str, log_file: str | os.PathLike[str] = DEFAULT_LOG_FILE) -> str:
+    """Where LiveMonitor writes in a mindformers run: a relative ``log_file`` is under mindformers'
+    output directory (with its checkpoints and logs), whatever the working directory; an absolute
+    one is kept."""
+    path = os.path.expanduser(os.fspath(log_file))
+    return path if os.path.isabs(path) else os.path.join(output_root, path)

@@ -27,11 +27,11 @@ pytestmark = needs_mindformers_layout
 STEPS, BATCH, LR = 3, 4, 1e-3
 
 
-def _train(callbacks, epochs: int = 1):
+def _train(callbacks, epochs: int = 1, **options):
     """The tiny Llama in GradmonTrainStep built as mindformers' Trainer builds a runner_wrapper."""
     net = tiny_llama()
     optimizer = nn.AdamWeightDecay(net.trainable_params(), learning_rate=LR)
-    wrapper = build_wrapper({"type": "GradmonTrainStep", "max_norm": 1.0},
+    wrapper = build_wrapper({"type": "GradmonTrainStep", "max_norm": 1.0, **options},
                             default_args={"network": net, "optimizer": optimizer, **TRAINER_DEFAULTS})
     data = ms.dataset.NumpySlicesDataset({"input_ids": counting_tokens(STEPS * BATCH)}, shuffle=False)
     Model(wrapper).train(epochs, data.batch(BATCH), callbacks=callbacks, dataset_sink_mode=False)
@@ -43,14 +43,18 @@ def _state_monitor(threshold: float) -> TrainingStateMonitor:
         "check_for_global_norm": True, "global_norm_spike_threshold": threshold})
 
 
+@pytest.mark.parametrize("history_size", [1024, 0], ids=["history", "outputs"])
 def test_mindformers_monitors_show_gradmons_norm_and_live_monitor_logs_it(graph_mode, tmp_path, capfd,
-                                                                             monkeypatch):
+                                                                             monkeypatch, history_size):
+    """With history_size=0 LiveMonitor reads the norm and lr from the (loss, overflow, scale, lr,
+    grad_norm) tuple itself, as it reads mindformers' own cells; else from the device history."""
     monkeypatch.setenv("LOCAL_DEFAULT_PATH", str(tmp_path / "mf"))  # TrainingStateMonitor's records
     log = tmp_path / "run" / "metrics.jsonl"
     callbacks = [MFLossMonitor(learning_rate=LR, origin_epochs=1, dataset_size=STEPS),
                  _state_monitor(threshold=100.0), LiveMonitor(log)]
-    wrapper = _train(callbacks)
+    wrapper = _train(callbacks, history_size=history_size)
     assert isinstance(wrapper, gradmon.integrations.mindformers.GradmonTrainStep)
+    assert wrapper.history_size == history_size
 
     steps = [r for r in read_records(str(log)) if r["type"] == "step"]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))

@@ -81,9 +81,12 @@ def _check_run(output: str, log: str, steps: int) -> list[dict]:
 def test_yaml_config_trains_with_gradmon_from_python(tmp_path):
     data = tmp_path / "data"
     write_dataset(str(data), samples=32)  # batch 4: 8 steps
-    output = _run([os.path.join(HERE, "train.py"), CONFIG, "--output-dir", str(tmp_path / "output"),
-                   "--dataset-dir", str(data)], cwd=tmp_path)
-    _check_run(output, str(tmp_path / "output" / "gradmon" / "metrics.jsonl"), steps=8)
+    work = tmp_path / "work"  # the working directory is not output_dir's parent: the log follows output_dir
+    work.mkdir()
+    output = _run([os.path.join(HERE, "train.py"), CONFIG, "--output-dir", str(tmp_path / "mf_output"),
+                   "--dataset-dir", str(data)], cwd=work)
+    _check_run(output, str(tmp_path / "mf_output" / "gradmon" / "metrics.jsonl"), steps=8)
+    assert not (work / "output" / "gradmon").exists()
 
 
 def test_yaml_config_with_auto_register_needs_no_gradmon_import(tmp_path):

@@ -35,7 +35,18 @@ def test_registered_under_their_names():
     assert get(MindFormerModuleType.WRAPPER, "GradmonTrainStep") is integration.GradmonTrainStep
     assert get(MindFormerModuleType.WRAPPER, "GradmonTrainStepWithLossScale") is \
         integration.GradmonTrainStepWithLossScale
-    assert get(MindFormerModuleType.CALLBACK, "LiveMonitor") is LiveMonitor
+    callback = get(MindFormerModuleType.CALLBACK, "LiveMonitor")
+    assert callback is integration.MindFormersLiveMonitor and issubclass(callback, LiveMonitor)
+
+
+def test_live_monitor_writes_under_mindformers_output_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCAL_DEFAULT_PATH", str(tmp_path / "out"))  # what set_output_path(output_dir) sets
+    build = MindFormerRegister.get_instance_from_cfg
+    monitor = build({"type": "LiveMonitor"}, MindFormerModuleType.CALLBACK)
+    assert monitor.log_file == str(tmp_path / "out" / "gradmon" / "metrics.jsonl")
+    monitor = build({"type": "LiveMonitor", "log_file": "runs/a.jsonl", "log_interval": 5},
+                    MindFormerModuleType.CALLBACK)
+    assert monitor.log_file == str(tmp_path / "out" / "runs" / "a.jsonl") and monitor.log_interval == 5
 
 
 @pytest.mark.parametrize(("section", "trainer_arguments", "message"), [
