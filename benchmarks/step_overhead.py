@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +78,9 @@ def network_and_inputs(model: str) -> tuple[Any, tuple[Any, ...]]:
     """``(network with its loss, one batch of inputs)`` for a model of :data:`MODELS`."""
     spec = MODELS[model]
     if model == "tiny_llama":
+        # mindformers logs under LOCAL_DEFAULT_PATH (default ./output) from import on: not in the checkout.
+        log_root = os.path.join(tempfile.gettempdir(), "gradmon-bench-mindformers")
+        os.environ.setdefault("LOCAL_DEFAULT_PATH", log_root)
         from mindspore import Tensor
 
         from examples.mindformers.tiny_llama import counting_tokens, tiny_llama
