@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-ms27 lint dashboard browser install dist bench bench-smoke clean
+.PHONY: demo test test-ms27 test-mindformers lint dashboard browser install dist bench bench-smoke clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,22 @@ test-ms27: dashboard browser
 	$(VENV27)/bin/python -m pip install -q -e ".[test]" "mindspore==2.7.*" $(if $(TORCH),"$(TORCH)")
 	PATH="$(CURDIR)/$(VENV27)/bin:$$PATH" $(VENV27)/bin/python -m pytest -q
 
+# gradmon with mindformers (docs/mindformers.md) in its own venv: MindSpore 2.7.2, mindformers 1.8.0
+# installed with --no-deps (its own requirements conflict with numpy < 2) plus what it then needs
+# (tests/with_mindformers/requirements.txt), gradmon editable with its test extra. Runs the tests that
+# need mindformers (tests/with_mindformers/, skipped in the main venv) and the rules' unit tests.
+VENVMF := .venv-mf
+MINDFORMERS ?= mindformers==1.8.0
+MF_STAMP := $(VENVMF)/.installed
+$(MF_STAMP): pyproject.toml tests/with_mindformers/requirements.txt
+	test -x $(VENVMF)/bin/python || $(PYTHON) -m venv $(VENVMF)
+	$(VENVMF)/bin/python -m pip install -q -r tests/with_mindformers/requirements.txt -e ".[test]"
+	$(VENVMF)/bin/python -m pip install -q --no-deps "$(MINDFORMERS)"
+	touch $@
+
+test-mindformers: $(MF_STAMP)
+	$(VENVMF)/bin/python -m pytest -q tests/with_mindformers tests/test_mindformers_options.py
+
 bench: $(STAMP) dashboard browser
 	$(BIN)/python -m benchmarks.run --device CPU
 
@@ -68,4 +84,4 @@ bench-smoke: $(STAMP)
 	$(BIN)/python -m benchmarks.run --smoke
 
 clean:
-	rm -rf $(VENV) $(VENV27) gradmon/static dashboard/node_modules dist build
+	rm -rf $(VENV) $(VENV27) $(VENVMF) gradmon/static dashboard/node_modules dist build

@@ -83,6 +83,9 @@ def _step(sec: dict[str, Any]) -> str:
         if "params" in run:
             title += f" ({run['params']:,} params, batch {run.get('batch')})"
         out.append(title + "\n")
+        if "skipped" in run:
+            out.append(f"_Not run: {run['skipped']}_\n")
+            continue
         if "error" in run:
             out.append(f"_Failed: {run['error']}_ {' '.join(run.get('stderr_tail', []))[-500:]}\n")
             continue

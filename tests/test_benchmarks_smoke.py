@@ -123,6 +123,13 @@ def test_smoke_run_writes_every_section(tmp_path):
         assert gm, "gradmon.cells imports, so its variants must have run"
     else:
         assert all(n in run["unavailable"] for n in ("gm_norm_h0", "gm_clip"))
+    # the fourth model, the tiny Llama: measured where mindformers imports, else skipped saying why
+    llama = next(r for r in sections["step"]["runs"] if r["model"] == "tiny_llama")
+    assert "error" not in llama, llama
+    if "skipped" in llama:
+        assert "mindformers is not installed" in llama["skipped"]
+    else:
+        assert _finite_positive(llama["variants"]["gm_clip"]["ratio"]["median"])
 
     # norm: every norm form agrees with float64 numpy and has a time; the floor probes have a time.
     # Only the fused kernel's forms may be missing, and only where the kernel is not available.
@@ -176,6 +183,13 @@ def test_smoke_run_writes_every_section(tmp_path):
     assert "SMOKE RUN" in md and "## Step overhead" in md and "stock_clip" in md
     assert "### Rules compared, per setting" in md
     assert render(doc) == md
+
+
+def test_report_renders_a_skipped_step_model():
+    doc = {"machine": {"device": "CPU"}, "sections": {"step": {"gradmon_cells": "available", "runs": [
+        {"mode": "GRAPH", "model": "tiny_llama", "skipped": "mindformers is not installed (make ...)"}]}}}
+    md = render(doc)
+    assert "GRAPH · tiny_llama" in md and "Not run: mindformers is not installed" in md
 
 
 def test_report_renders_skipped_and_failed_sections():
