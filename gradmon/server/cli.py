@@ -34,6 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run_serve(args: argparse.Namespace) -> int:
     from gradmon.server.app import serve
+    from gradmon.server.limits import raise_open_files_limit
 
     if not 0 <= args.port <= 65535:
         print(f"gradmon serve: --port must be in 0..65535, got {args.port}", file=sys.stderr)
@@ -44,6 +45,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if os.path.exists(args.logdir) and not os.path.isdir(args.logdir):
         print(f"gradmon serve: {args.logdir} is not a directory", file=sys.stderr)
         return 2
+    # Each WebSocket client holds a descriptor: raise the soft limit towards the hard one first.
+    print(f"gradmon: {raise_open_files_limit().describe()}", flush=True)
 
     def ready(server) -> None:
         where = os.path.realpath(args.logdir)
