@@ -201,5 +201,27 @@ def test_any_segments_match_a_brute_force_reading(segs, start, width, points):
     elif want:
         values = [v for _s, v in want]
         assert min(values) in {v for _s, v in got} and max(values) in {v for _s, v in got}
+        if all(ordered for _a, _n, _stride, ordered, _seed in segs):  # the range's first and last steps
+            assert got[0] == want[0] and got[-1] == want[-1], plan.kind
     marks = idx.snapshot().marks_in(start, end)
     assert sorted(m["step"] for m in marks) == sorted(s for s, _v in want if s % 97 == 0)
+
+
+def test_pyramid_points_are_in_step_order_when_a_rollback_fills_whole_buckets():
+    # s1 replaces exactly base buckets 2 and 3 of s0 with two whole buckets of its own: no bucket is
+    # partly replaced, so the answer is made of whole pyramid nodes, from two segments.
+    recs = [{"type": "header", "run_id": "s0"}]
+    recs += [{"type": "step", "step": i, "loss": 1.0 + i % 3} for i in range(1, 10 * BUCKET + 1)]
+    recs += [{"type": "header", "run_id": "s1"}]
+    recs += [{"type": "step", "step": i, "loss": 2.0 + i % 5} for i in range(2 * BUCKET + 1, 4 * BUCKET + 1)]
+    pairs = lines_of(recs)
+    idx = RunIndex()
+    idx.add_lines(pairs, 0)
+    for points in (8, 40):
+        plan, series, _exact = answer_from_memory(idx, pairs, 1, 10 * BUCKET, points)
+        assert plan.kind == "pyramid" and not plan.edges
+        steps, values = series["loss"]
+        assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 10 * BUCKET
+        assert all(v == (2.0 + s % 5 if 2 * BUCKET < s <= 4 * BUCKET else 1.0 + s % 3)
+                   for s, v in zip(steps, values))
+        assert {1.0, 3.0, 2.0, 6.0} <= set(values)  # the min and max of both segments

@@ -2,7 +2,8 @@
 
 :func:`plan_history` takes everything it needs as arguments (the pyramid, the open bucket, the
 segments) and returns a :class:`HistoryPlan`: the pyramid's points with the few base buckets at the
-range's edges to read back, or a byte range of the file to read back whole. ``history.py``
+range's edges (or partly replaced by a later segment) to read back, or byte ranges of the file to
+read back whole. ``history.py``
 carries a plan out. Pure: no I/O, no state kept between calls.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from gradmon.server.pyramid import BUCKET, FANOUT, Pyramid, Summary
 from gradmon.server.segments import BucketCover, Intervals, Replaced, Segments
@@ -59,9 +61,7 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
     back. Marks are not added here (see ``history.answer_series``)."""
     replaced = segments.replaced()
     base = pyramid.base
-    in_buckets = (segments.bucket_cover(replaced, base.lo, base.hi, base.size) if replaced.any
-                  else BucketCover())
-    view = _View(pyramid, open_bucket, in_buckets)
+    view = _View(pyramid, open_bucket, segments.bucket_cover(replaced, base.lo, base.hi, base.size))
     buckets = max(1, points // 4)
     nodes = view.cover(start, end, buckets)
     count = sum(view.count(nd) for nd in nodes)
@@ -89,6 +89,7 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
         pts: list[tuple[int, float]] = []
         for s in summaries:
             pts.extend(s.points(name))
+        pts.sort(key=itemgetter(0))  # nodes of a later segment come after the older ones it left standing
         series[name] = ([p[0] for p in pts], [p[1] for p in pts])
     return HistoryPlan(kind="pyramid", series=series, edges=edges)
 
@@ -177,7 +178,7 @@ class _View:
 
     def partial(self, node: tuple[int, int], start: float, end: float) -> bool:
         s = self.node(node)
-        return s.lo < start or s.hi > end or self.replaced_in(node)
+        return s.lo < start or s.hi > end or self.must_split(node)
 
     def refine_edges(self, nodes: list[tuple[int, int]], start: float, end: float) -> list[tuple[int, int]]:
         """Split nodes that only partly overlap the range down to base buckets: their min/max may
@@ -206,10 +207,12 @@ class _View:
             return base.offset[i + 1]
         return self.open.offset if self.open is not None else cursor
 
-    def replaced_in(self, node: tuple[int, int]) -> bool:
-        """Whether a node holds replaced records (then it is split down to base buckets)."""
+    def must_split(self, node: tuple[int, int]) -> bool:
+        """Whether a node holds replaced records, or spans a segment going back (then it is split
+        down to base buckets, or until its parts are in step order)."""
         level, i = node
         if level < 0:
             return False
         width = FANOUT**level
-        return self.buckets.touches(i * width, (i + 1) * width)
+        lo, hi = i * width, (i + 1) * width
+        return self.buckets.touches(lo, hi) or (level > 0 and self.buckets.straddles(lo, hi))

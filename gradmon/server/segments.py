@@ -101,11 +101,14 @@ class Replaced:
 class BucketCover:
     """The base buckets of the pyramid that hold replaced records: ``gone`` (``[b0, b1)`` ranges,
     sorted, merged) hold nothing else; ``partial`` buckets hold some, with the replaced step
-    intervals (read back and filtered)."""
+    intervals (read back and filtered). ``breaks``: the first buckets of segments whose steps go
+    back (a rollback): a pyramid node across one is not in step order (its first and last records
+    are not its first and last steps), so queries split it."""
 
     gone_starts: list[int] = field(default_factory=list)
     gone_ends: list[int] = field(default_factory=list)
     partial: dict[int, Intervals] = field(default_factory=dict)
+    breaks: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.partial_sorted = sorted(self.partial)
@@ -122,6 +125,12 @@ class BucketCover:
             return True
         p = bisect_left(self.partial_sorted, lo)
         return p < len(self.partial_sorted) and self.partial_sorted[p] < hi
+
+    def straddles(self, lo: int, hi: int) -> bool:
+        """Whether base buckets ``[lo, hi)`` hold the end of one segment and a later segment going
+        back from there."""
+        k = bisect_right(self.breaks, lo)
+        return k < len(self.breaks) and self.breaks[k] < hi
 
 
 class Segments:
@@ -174,11 +183,17 @@ class Segments:
 
     def bucket_cover(self, replaced: Replaced, base_lo: Sequence[int], base_hi: Sequence[int],
                      base_size: int) -> BucketCover:
-        """The base buckets (step ranges ``base_lo``/``base_hi``) holding replaced records."""
+        """The base buckets (step ranges ``base_lo``/``base_hi``) holding replaced records, and
+        where segments go back."""
         gone: list[tuple[int, int]] = []
         partial: dict[int, list[tuple[int, int]]] = {}
+        breaks: list[int] = []
         n = len(self.min_step)
+        top = -math.inf  # the largest step of the segments before k
         for k in range(n):
+            if self.min_step[k] < top and self.first_bucket[k] < base_size:
+                breaks.append(self.first_bucket[k])
+            top = max(top, self.max_step[k])
             ivs = replaced.intervals(k)
             if not ivs:
                 continue
@@ -209,4 +224,4 @@ class Segments:
             else:
                 starts.append(g0)
                 ends.append(g1)
-        return BucketCover(starts, ends, {bk: tuple(sorted(iv)) for bk, iv in partial.items()})
+        return BucketCover(starts, ends, {bk: tuple(sorted(iv)) for bk, iv in partial.items()}, breaks)
