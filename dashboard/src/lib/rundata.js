@@ -11,7 +11,8 @@
   "use strict";
   const isNode = typeof module !== "undefined" && module.exports;
   const deps = isNode
-    ? Object.assign({}, require("./schema.js"), require("./jsonl.js"), require("./series.js"), require("./smoothing.js"))
+    ? Object.assign({}, require("./schema.js"), require("./jsonl.js"), require("./series.js"), require("./smoothing.js"),
+      require("./segments.js"))
     : root.GradmonLib;
   const api = factory(deps);
   if (isNode) module.exports = api;
@@ -24,7 +25,6 @@
   const NOT_CURVES = new Set(["type", ...lib.SCHEMA.NOT_SERIES, ...lib.SCHEMA.FLAG_FIELDS]);
   const MARK_FLAGS = lib.SCHEMA.MARK_FLAGS;
   const OVERFLOW = lib.SCHEMA.OVERFLOW_REASON;
-  const FROM_HISTORY = -1; // segment tag of what a history response brought (older than any live segment)
   const MAX_MARKS = 20000; // as the server's history
   const MAX_EVENTS = 1000;
   const MAX_ALARM_EVENTS = 5000;
@@ -46,16 +46,8 @@
       this.alarmEvents = []; // alarm, alarm_end and abort events, in file order
       this.headers = [];
       this.headerKeys = new Set();
-      // Segments: a counter bumped by each new header tags the marks and events of live records;
-      // the current segment covers [segFirst, segLast] so far, and each new step extends the cover
-      // and replaces what older segments held there. `maxStep`: the largest step held (a step
-      // beyond it replaces nothing: the common live case costs nothing).
-      this.segment = 0;
-      this.segFirst = null;
-      this.segLast = null;
-      this.maxStep = -Infinity;
-      this.eventTags = new WeakMap(); // event record -> segment tag
-      this.fromServer = false; // while a history response is taken in (its tags are FROM_HISTORY)
+      this.segments = new lib.SegmentCover(); // which steps a new segment replaces (segments.js)
+      this.eventTags = new WeakMap(); // event record -> the segment tag it came with
       this.cursor = null;
       this.exact = true; // the base series hold every step of the run (false when downsampled or decimated)
       this.detail = null; // a window fetched on zoom: {start, end, exact, smoothFrom, series: Map}
@@ -126,12 +118,7 @@
 
     _put(field, step, value) {
       this.get(field).put(step, value, this._keep());
-      if (step > this.maxStep) this.maxStep = step;
-    }
-
-    /** The segment tag of what is ingested now: the live segment's, or FROM_HISTORY. */
-    _tag() {
-      return this.fromServer ? FROM_HISTORY : this.segment;
+      this.segments.held(step);
     }
 
     /** A mark (`reason`: a skip's reason, e.g. "overflow"). */
@@ -139,7 +126,7 @@
       // One spike/skip mark per step; non-finite marks per field (loss and norm can both be NaN).
       const key = kind === "nonfinite" ? "nonfinite:" + field + ":" + step : kind + ":" + step;
       const m = this.marks.get(key);
-      const seg = this._tag();
+      const seg = this.segments.tag();
       if (m) {
         if (!m.sources.includes(source)) m.sources.push(source);
         if (m.value === undefined && value !== undefined) m.value = value;
@@ -151,7 +138,7 @@
       const mark = { kind, step, field, value, sources: [source], seg };
       if (reason !== undefined) mark.reason = reason;
       this.marks.set(key, mark);
-      if (step > this.maxStep) this.maxStep = step;
+      this.segments.held(step);
       return mark;
     }
 
@@ -212,9 +199,7 @@
       this.headerKeys.add(key);
       this.headers.push(rec);
       this.ended = null;
-      this.segment++;
-      this.segFirst = null;
-      this.segLast = null;
+      this.segments.newSegment();
       return true;
     }
 
@@ -229,22 +214,12 @@
     }
 
     /**
-     * A step of the current segment extends its cover: what older segments logged at the steps
-     * newly covered goes (the latest segment wins, step by step, docs/format.md), so a rolled-back
-     * run shows each step once and keeps the old steps after the rollback's last one.
+     * Drop what older segments than the current one hold at steps in [from, to]: a step of the
+     * current segment newly covers them (the latest segment wins, step by step, docs/format.md), so
+     * a rolled-back run shows each step once and keeps the old steps after the rollback's last one.
      */
-    _cover(step) {
-      let from = step;
-      if (this.segLast === null) this.segFirst = step;
-      else if (step > this.segLast) from = this.segLast + 1;
-      else return; // a step repeated (a resubscribe overlap) or going back within the segment
-      this.segLast = step;
-      if (from <= this.maxStep) this.replaceRange(from, step);
-    }
-
-    /** Drop what older segments than the current one hold at steps in [from, to]. */
     replaceRange(from, to) {
-      const older = (tag) => (tag === undefined ? FROM_HISTORY : tag) < this.segment;
+      const older = (tag) => this.segments.older(tag);
       const inRange = (s) => typeof s === "number" && s >= from && s <= to;
       for (const s of this.series.values()) s.removeRange(from, to);
       for (const [k, m] of this.marks) if (inRange(m.step) && older(m.seg)) this.marks.delete(k);
@@ -256,7 +231,8 @@
 
     _ingestStep(rec) {
       const step = rec.step;
-      this._cover(step);
+      const replaced = this.segments.extend(step);
+      if (replaced) this.replaceRange(replaced[0], replaced[1]);
       if (typeof rec.ts === "number") this._put("ts", step, rec.ts);
       // A loss-scale overflow's non-finite norms are expected: the step is a skip (a non-finite
       // loss is never an overflow, and keeps its mark).
@@ -281,7 +257,7 @@
     }
 
     _ingestEvent(rec) {
-      this.eventTags.set(rec, this._tag());
+      this.eventTags.set(rec, this.segments.tag());
       if (ALARM_KINDS.has(rec.kind)) {
         this.alarmEvents.push(rec);
         if (this.alarmEvents.length > MAX_ALARM_EVENTS) this.alarmEvents.shift();
@@ -289,7 +265,7 @@
         this.events.push(rec);
         if (this.events.length > MAX_EVENTS) this.events.shift();
       }
-      if (typeof rec.step === "number" && rec.step > this.maxStep) this.maxStep = rec.step;
+      this.segments.held(rec.step);
       if (typeof rec.step === "number" && (rec.kind === "spike" || rec.kind === "skip" || rec.kind === "nonfinite")) {
         const value = typeof rec.grad_norm === "number" ? rec.grad_norm : undefined;
         const reason = rec.kind === "skip" && typeof rec.reason === "string" ? rec.reason : undefined;
@@ -307,16 +283,12 @@
       this.reset();
       this.skippedLines = keepSkipped;
       this.cursor = resp.cursor || null;
-      this.fromServer = true;
+      this.segments.fromServer = true;
       for (const m of resp.marks || []) this._serverMark(m);
       for (const h of resp.headers || []) this._addHeader(lib.decodeNonFinite(h));
       // The history already applied the latest-segment rule; live steps of the latest segment
       // extend its cover from its last step on (unknown from an older server: from the next step).
-      const latest = resp.latest_segment;
-      if (latest && typeof latest.last_step === "number") {
-        this.segFirst = latest.first_step;
-        this.segLast = latest.last_step;
-      }
+      this.segments.continueFrom(resp.latest_segment);
       for (const e of resp.events || []) this._ingestEvent(lib.decodeNonFinite(e));
       const keep = this._keep();
       const load = (prefix, group) => {
@@ -326,7 +298,7 @@
           const values = lib.decodeArray(s.value);
           const series = this.get(prefix + name);
           series.setAll(s.step || [], values, keep);
-          if (series.length) this.maxStep = Math.max(this.maxStep, series.steps[series.length - 1]);
+          if (series.length) this.segments.held(series.steps[series.length - 1]);
           (s.step || []).forEach((st, i) => {
             if (Number.isFinite(values[i]) || (prefix === "" && name !== "loss" && this.overflowAt(st))) return;
             this.addMark("nonfinite", st, prefix + name, values[i], "server");
@@ -346,7 +318,7 @@
         if (a !== null && b !== null) this.get("ts").setAll(a === b ? [a] : [a, b], a === b ? [info.last_ts] : [info.first_ts, info.last_ts]);
       }
       this.malformed = typeof resp.malformed === "number" ? resp.malformed : 0;
-      this.fromServer = false;
+      this.segments.fromServer = false;
       this.version++;
     }
 
@@ -370,9 +342,9 @@
       add("", resp.series);
       add("eval/", resp.eval);
       add("system/", resp.system);
-      this.fromServer = true;
+      this.segments.fromServer = true;
       for (const m of resp.marks || []) this._serverMark(m);
-      this.fromServer = false;
+      this.segments.fromServer = false;
       const exact = resp.exact !== false;
       this.detail = { start: resp.start, end: resp.end, exact, smoothFrom: exact ? smoothFrom : undefined, series };
       this.version++;
