@@ -45,8 +45,6 @@ def run_serve(args: argparse.Namespace) -> int:
     if os.path.exists(args.logdir) and not os.path.isdir(args.logdir):
         print(f"gradmon serve: {args.logdir} is not a directory", file=sys.stderr)
         return 2
-    # Each WebSocket client holds a descriptor: raise the soft limit towards the hard one first.
-    print(f"gradmon: {raise_open_files_limit().describe()}", flush=True)
 
     def ready(server) -> None:
         where = os.path.realpath(args.logdir)
@@ -54,6 +52,8 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"gradmon: serving runs under {where}{note}", flush=True)
         print(f"gradmon: open {server.url}", flush=True)
 
+    # Each WebSocket client holds a descriptor: raise the soft limit towards the hard one first.
+    print(f"gradmon: {raise_open_files_limit().describe()}", flush=True)
     try:
         asyncio.run(serve(args.logdir, args.host, args.port, args.token, ready=ready))
     except KeyboardInterrupt:
