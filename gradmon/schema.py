@@ -18,6 +18,7 @@ __all__ = [
     "MARK_FLAGS",
     "NOT_SERIES",
     "NUMBER_FIELDS",
+    "OVERFLOW_REASON",
     "SCHEMA_VERSION",
     "TEXT_KEYS",
 ]
@@ -40,6 +41,10 @@ FLAG_FIELDS = ("clipped", "spike", "skipped", "nonfinite")
 
 # Step flags that put a mark on the charts, with the mark's kind.
 MARK_FLAGS = (("spike", "spike"), ("skipped", "skip"), ("nonfinite", "nonfinite"))
+
+# The `skip_reason` of a loss-scale overflow step: its non-finite gradient norm is expected, so the
+# step is a `skip` mark, and only a non-finite `loss` on it is a `nonfinite` mark.
+OVERFLOW_REASON = "overflow"
 
 # Numeric fields of a step record that are coordinates or bookkeeping, not series.
 NOT_SERIES = frozenset({"step", "epoch", "ts", "schema", "pid", "rank", "world_size"})

@@ -1,6 +1,6 @@
 """A run resumed from a checkpoint in a new process keeps the whole run: its steps continue from
 the restored training state, as a real ``gradmon serve`` shows them (history and live stream);
-rolling back to an earlier checkpoint replaces the steps from there on. Epochs follow what
+rolling back to an earlier checkpoint replaces the steps it trains again, and only those. Epochs follow what
 MindSpore actually runs (dataset sink mode on CPU)."""
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ def test_resume_in_a_new_process_then_roll_back(tmp_path):
         # other batches (as after a divergence).
         rollback = resume_in_a_new_process(log_file, 1, at_10, "--data-seed", "1")
         finish(rollback)
-        wait_for(lambda: len(history(handle.port)["headers"]) == 3 and
-                 history(handle.port)["series"]["loss"]["step"][-1] == 20, timeout=30)
+        rolled_back = {"first_step": 11, "last_step": 20}  # the third segment, complete
+        wait_for(lambda: history(handle.port)["latest_segment"] == rolled_back, timeout=30)
         rolled = history(handle.port)
     finally:
         handle.stop()
@@ -120,15 +120,16 @@ def test_resume_in_a_new_process_then_roll_back(tmp_path):
         assert [r["lr"] for r in step_recs] == pytest.approx([LR_TABLE[s - 1] for s in steps], rel=1e-6)
         assert seg[-1]["type"] == "end" and seg[-1]["status"] == "finished"
 
-    # The latest segment wins from its first step on (docs/format.md): steps 1-10 of the first run,
-    # 11-20 of the rollback; 21-40 belonged to the abandoned continuation and are no longer shown.
+    # The latest segment wins, step by step (docs/format.md): steps 1-10 of the first run, 11-20 of
+    # the rollback, which replaces those only; 21-40 of the second run stay.
     loss = rolled["series"]["loss"]
     by_step = dict(zip(loss["step"], loss["value"]))
-    assert loss["step"] == list(range(1, 21))
+    assert loss["step"] == list(range(1, 41)) and len(rolled["headers"]) == 3
     assert [by_step[s] for s in range(1, 11)] == [r["loss"] for r in first if r["type"] == "step"][:10]
     assert [by_step[s] for s in range(11, 21)] == [r["loss"] for r in third if r["type"] == "step"]
     assert [by_step[s] for s in range(11, 21)] != [r["loss"] for r in first if r["type"] == "step"][10:]
-    assert rolled["series"]["lr"]["value"] == pytest.approx(LR_TABLE[:20], rel=1e-6)
+    assert [by_step[s] for s in range(21, 41)] == [r["loss"] for r in second if r["type"] == "step"]
+    assert rolled["series"]["lr"]["value"] == pytest.approx(LR_TABLE[:40], rel=1e-6)
     assert not os.path.exists(log_file.parent / ".metrics.jsonl.lock")  # every writer gave its lock back
 
 

@@ -100,14 +100,36 @@ def test_marks_events_eval_headers_and_end():
         {"type": "event", "kind": "spike", "step": 2},
         {"type": "end", "status": "aborted"},
     ])
-    assert idx.steps.marks == [(1, "nonfinite", "loss", math.inf), (1, "skip", "loss", math.inf),
-                               (2, "spike", "grad_norm", 50.0)]
+    assert idx.steps.marks == [(1, "nonfinite", "loss", math.inf, None), (1, "skip", "loss", math.inf, None),
+                               (2, "spike", "grad_norm", 50.0, None)]
     assert idx.ended == "aborted" and idx.steps.fields == ["loss", "grad_norm"]
     snap = idx.snapshot()
     assert snap.eval_in(2, 2)["accuracy"] == {"step": [2], "value": [0.9]}
     assert snap.events_in(3, 9) == [] and len(snap.events_in(1, 2)) == 1
     idx.add_lines([(200, encode_record({"type": "header", "run_id": "b"}).rstrip("\n").encode())], 150)
     assert idx.ended is None and len(idx.headers) == 2  # a restart: a new segment, not ended
+
+
+def test_loss_scale_overflow_step_is_a_skip_mark_not_a_nonfinite_one():
+    overflow = {"type": "step", "step": 2, "loss": 0.7, "grad_norm": "Infinity", "grad_norm_local": "NaN",
+                "loss_scale": 65536.0, "skipped": True, "skip_reason": "overflow"}
+    idx = index_of([
+        {"type": "header", "run_id": "a"},
+        {"type": "step", "step": 1, "loss": 0.8, "grad_norm": 1.0, "grad_norm_local": 1.0},
+        overflow,
+        # a non-finite loss is never an overflow: marked whatever the record says
+        {**overflow, "step": 3, "loss": "NaN"},
+        {"type": "step", "step": 4, "loss": 0.6, "grad_norm": "Infinity", "nonfinite": True, "skipped": True,
+         "skip_reason": "nonfinite"},
+    ])
+    assert idx.steps.marks == [
+        (2, "skip", "grad_norm", math.inf, "overflow"),
+        (3, "nonfinite", "loss", pytest.approx(math.nan, nan_ok=True), None),
+        (3, "skip", "grad_norm", math.inf, "overflow"),
+        (4, "nonfinite", "grad_norm", math.inf, None), (4, "skip", "grad_norm", math.inf, "nonfinite"),
+    ]
+    assert idx.snapshot().marks_in(2, 2) == [
+        {"step": 2, "kind": "skip", "field": "grad_norm", "value": math.inf, "reason": "overflow"}]
 
 
 @pytest.mark.parametrize("orjson", [True, False])
@@ -142,9 +164,9 @@ def test_batched_building_matches_record_by_record_and_marks_late_overflow(orjso
         steps = idx.steps
         assert idx.malformed == 1 and idx.records == len(recs) and steps.count == len(recs) - 1
         assert steps.fields == ["loss", "grad_norm", "extra", "x"] and steps.series_names()[-1] == "ts"
-        assert (50, "spike", "grad_norm", 1e6) in steps.marks
+        assert (50, "spike", "grad_norm", 1e6, None) in steps.marks
         assert any(m[:3] == (70, "nonfinite", "loss") and math.isnan(m[3]) for m in steps.marks)
-        assert (200, "nonfinite", "grad_norm", math.inf) in steps.marks
+        assert (200, "nonfinite", "grad_norm", math.inf, None) in steps.marks
         assert steps.pyramid.base.size == 3
     a, b = one.steps.pyramid.base, batched.steps.pyramid.base
     assert list(a.offset) == list(b.offset)

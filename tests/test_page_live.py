@@ -231,19 +231,33 @@ def test_resumed_run_rolled_back_while_followed_shows_each_step_once(logdir: Pat
         page.page.goto(server.url)
         page.wait("window.gradmon && window.gradmon.pointCount('resumed', 'lr') === 30")
         page.wait("window.gradmon.state.connection === 'connected'")
-        # rolled back to the step-10 checkpoint: a new segment whose steps go back
+        # rolled back to the step-10 checkpoint: a new segment trains 11..25 again, with a loss-scale
+        # overflow at 24 (its norm non-finite by nature)
         resumed = [step(s, t0=T0 + 100, lr=0.2) for s in range(11, 26)]
+        resumed[13] = step(24, t0=T0 + 100, lr=0.2, grad_norm="Infinity", loss_scale=65536.0, skipped=True,
+                           skip_reason="overflow")
         append(log, [header(run_id="bb" * 8, t0=T0 + 100), *resumed])
         page.wait("window.gradmon.state.runs.get('resumed').valueAt('lr', 25).value === 0.2")
         run = "window.gradmon.state.runs.get('resumed')"
-        # 26..30 of the old segment are gone, and so is its spike at 21
-        assert page.eval(f"{run}.series.get('lr').steps") == list(range(1, 26))
-        assert page.eval(f"{run}.series.get('lr').values") == [0.1] * 10 + [0.2] * 15
-        assert page.eval("window.gradmon.marks('resumed', 'spike')") == []
+
+        def check() -> None:
+            # 11..25 are the new segment's (its spike-free 21 replaces the old spike); 26..30 stay
+            assert page.eval(f"{run}.series.get('lr').steps") == list(range(1, 31))
+            assert page.eval(f"{run}.series.get('lr').values") == [0.1] * 10 + [0.2] * 15 + [0.1] * 5
+            assert page.eval("window.gradmon.marks('resumed', 'spike')") == []
+            # the overflow: a skip, drawn as a diamond, no non-finite triangle
+            assert page.eval("window.gradmon.marks('resumed', 'skip')") == [24]
+            assert page.eval("window.gradmon.marks('resumed', 'nonfinite')") == []
+            markers = page.wait("""(() => { const m = window.gradmon.markers('grad_norm');
+                                    return m.some(x => x.role === 'skip') && m; })()""")
+            flagged = [(m["role"], m["step"]) for m in markers if m["role"] in ("skip", "nonfinite")]
+            assert flagged == [("skip", 24)]
+
+        check()
         # a reload (history from the server) shows the same
         page.page.reload()
-        page.wait("window.gradmon && window.gradmon.pointCount('resumed', 'lr') === 25")
-        assert page.eval(f"{run}.series.get('lr').values") == [0.1] * 10 + [0.2] * 15
+        page.wait("window.gradmon && window.gradmon.pointCount('resumed', 'lr') === 30")
+        check()
     assert page.errors == []
 
 

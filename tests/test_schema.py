@@ -33,6 +33,10 @@ def test_js_mark_flags_match_python() -> None:
     assert [tuple(pair) for pair in _js_schema()["MARK_FLAGS"]] == list(schema.MARK_FLAGS)
 
 
+def test_js_overflow_reason_matches_python() -> None:
+    assert _js_schema()["OVERFLOW_REASON"] == schema.OVERFLOW_REASON
+
+
 def test_js_names_nothing_python_lacks() -> None:
     assert set(_js_schema()) <= set(schema.__all__)
 

@@ -295,14 +295,24 @@ def test_resumed_run_history_shows_each_step_once_latest_segment_wins(logdir):
     path = logdir / "exp1" / "metrics.jsonl"
     append(path, [header("a")] + [step(i, loss=1.0) for i in range(1, 3001)])
     append(path, [header("b")] + [step(i, loss=2.0) for i in range(2001, 4001)])  # resumed from 2000
+    # rolled back to 1000, 500 steps trained again (an overflow among them): 1501-2000 stay a's
+    append(path, [header("c")] + [step(i, loss=3.0) for i in range(1001, 1501)])
+    append(path, [step(1501, loss=3.0, grad_norm="Infinity", skipped=True, skip_reason="overflow")])
+
+    def expected(s):
+        return 3.0 if 1001 <= s <= 1501 else 2.0 if s > 2000 else 1.0
+
     with _server(logdir) as h:
-        wait_for(lambda: get_json(h.port, "/api/runs/exp1")[1]["records"] == 5002)
+        wait_for(lambda: get_json(h.port, "/api/runs/exp1")[1]["records"] == 5504)
         for query in ("?points=100000", "?points=400", "?points=40&start=1500&end=3500"):
             _, hist = get_json(h.port, "/api/runs/exp1/history" + query)
             loss = hist["series"]["loss"]
             assert loss["step"] == sorted(set(loss["step"])), query
-            assert all(v == (1.0 if s <= 2000 else 2.0) for s, v in zip(loss["step"], loss["value"])), query
-            assert len(hist["headers"]) == 2
+            assert all(v == expected(s) for s, v in zip(loss["step"], loss["value"])), query
+            assert len(hist["headers"]) == 3
+            assert hist["latest_segment"] == {"first_step": 1001, "last_step": 1501}
+            assert hist["marks"] == [{"step": 1501, "kind": "skip", "field": "grad_norm", "value": "Infinity",
+                                      "reason": "overflow"}]  # a skip, not a non-finite value
         assert hist["exact"] is False and get_json(h.port, "/api/runs/exp1/history")[1]["end"] == 4000
         _, full = get_json(h.port, "/api/runs/exp1/history?points=100000")
         assert full["exact"] is True and full["series"]["loss"]["step"] == list(range(1, 4001))

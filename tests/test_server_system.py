@@ -12,9 +12,11 @@ from websockets.asyncio.client import connect
 
 from gradmon.server import start_server
 from gradmon.server.sampled import SampledSeries
+from gradmon.server.segments import Replaced
 from gradmon.sysmetrics import sample_system
 
-NO_CUT = lambda: [math.inf]  # noqa: E731  one segment, nothing overridden
+NOTHING = Replaced.none()  # one segment, nothing replaced
+NO_CUT = lambda: NOTHING  # noqa: E731
 
 
 # ---- SampledSeries (pure) -----------------------------------------------------------------------
@@ -24,10 +26,10 @@ def test_sampled_series_keeps_one_point_per_step_newest_wins():
     s.add(5, [("rss", 1.0), ("cpu", 10.0)], 0, NO_CUT)
     s.add(5, [("rss", 2.0)], 0, NO_CUT)  # same step, training did not advance: replaces
     s.add(7, [("rss", 3.0)], 0, NO_CUT)
-    out = s.query(-math.inf, math.inf, 100, [math.inf])
+    out = s.query(-math.inf, math.inf, 100, NOTHING)
     assert out == {"rss": {"step": [5, 7], "value": [2.0, 3.0]}, "cpu": {"step": [5], "value": [10.0]}}
-    assert s.query(6, 100, 100, [math.inf])["rss"] == {"step": [7], "value": [3.0]}
-    assert s.query(6, 100, 100, [math.inf])["cpu"] == {"step": [], "value": []}
+    assert s.query(6, 100, 100, NOTHING)["rss"] == {"step": [7], "value": [3.0]}
+    assert s.query(6, 100, 100, NOTHING)["cpu"] == {"step": [], "value": []}
 
 
 def test_sampled_series_cap_is_bounded_and_keeps_the_peak():
@@ -35,25 +37,27 @@ def test_sampled_series_cap_is_bounded_and_keeps_the_peak():
     for i in range(10_000):
         s.add(i, [("rss", 1000.0 + (1e9 if i == 4321 else 0.0) - (500.0 if i == 777 else 0.0))], 0, NO_CUT)
         assert len(s.fields["rss"].steps) <= 64
-    out = s.query(-math.inf, math.inf, 10_000, [math.inf])["rss"]
+    out = s.query(-math.inf, math.inf, 10_000, NOTHING)["rss"]
     pts = dict(zip(out["step"], out["value"]))
     assert pts[4321] == 1e9 + 1000.0 and pts[777] == 500.0  # max and min survive every compaction
     assert out["step"] == sorted(out["step"]) and out["step"][-1] == 9999
     assert s.compactions > 0
 
 
-def test_sampled_series_query_downsamples_min_max_and_respects_cutoffs():
+def test_sampled_series_query_downsamples_min_max_and_leaves_out_replaced_steps():
     s = SampledSeries(cap=100_000)
     for i in range(1, 1001):
         s.add(i, [("cpu", 50.0 + (40.0 if i == 500 else 0.0))], 0, NO_CUT)
-    out = s.query(-math.inf, math.inf, 40, [math.inf])["cpu"]
+    out = s.query(-math.inf, math.inf, 40, NOTHING)["cpu"]
     assert len(out["step"]) <= 40 and dict(zip(out["step"], out["value"]))[500] == 90.0
-    # a later segment starting at step 300 overrides steps >= 300 of segment 0
+    # a later segment covering steps 300-400 replaces those of segment 0, and only those
+    rolled_back = Replaced([((300, 400),), ()])
     for i in range(300, 401):
-        s.add(i, [("cpu", 1.0)], 1, lambda: [300, math.inf])
-    out = s.query(-math.inf, math.inf, 10_000, [300, math.inf])["cpu"]
-    assert out["step"] == list(range(1, 401))
-    assert all(v == (50.0 if st < 300 else 1.0) for st, v in zip(out["step"], out["value"]))
+        s.add(i, [("cpu", 1.0)], 1, lambda: rolled_back)
+    out = s.query(-math.inf, math.inf, 10_000, rolled_back)["cpu"]
+    assert out["step"] == list(range(1, 1001))
+    assert all(v == (1.0 if 300 <= st <= 400 else 90.0 if st == 500 else 50.0)
+               for st, v in zip(out["step"], out["value"]))
 
 
 def test_sampled_series_caps_fields_and_rejects_a_tiny_cap():

@@ -57,7 +57,7 @@ def test_a_failure_is_reported_and_the_child_kept(pool, tmp_path):
     pool.call(answer, job)
     (pid,) = _child_pids(pool)
     job.plan.kind = "nonsense"
-    job.plan.byte_hi = "x"  # the file read fails with a TypeError in the child
+    job.plan.ranges = [(0, "x")]  # the file read fails with a TypeError in the child
     with pytest.raises(RuntimeError, match="failed in the worker process: TypeError"):
         pool.call(answer, job)
     assert _child_pids(pool) == [pid]

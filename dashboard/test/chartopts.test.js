@@ -55,6 +55,22 @@ test("grad-norm chart: flagged spikes ringed, skips marked, max_norm line, log s
   assert.equal(raw.markLine.data[0].yAxis, 2.0);
 });
 
+test("a loss-scale overflow is drawn as a skip at the top of the range, not as a non-finite triangle", () => {
+  const recs = [];
+  for (let s = 1; s <= 10; s++) recs.push({ step: s, grad_norm: 1 + s / 10 });
+  recs[4] = { step: 5, grad_norm: "Infinity", skipped: true, skip_reason: "overflow", loss_scale: 65536 };
+  recs[6] = { step: 7, grad_norm: "NaN", nonfinite: true, skipped: true, skip_reason: "nonfinite" };
+  const run = runWith(recs);
+  const panel = panelsFor(run.fields()).find((p) => p.id === "grad_norm");
+  const { series, range } = buildSeries(panel, [{ run, color: "#000" }], {});
+  const triangles = series.find((s) => s.gradmonRole === "nonfinite");
+  assert.deepEqual(triangles.data.map((d) => d.value[2]), [7]); // the real non-finite step only
+  const skips = series.find((s) => s.gradmonRole === "skip");
+  assert.deepEqual(skips.data.map((d) => d.value), [[5, range.max, 5]]);
+  assert.equal(skips.data[0].trueValue, Infinity); // as measured
+  assert.equal(skips.data[0].mark.reason, "overflow");
+});
+
 test("y axis: outliers ignored by default with an edge marker per clipped stretch; a flagged spike stays marked", () => {
   const recs = [];
   for (let s = 1; s <= 400; s++) recs.push({ step: s, grad_norm: 1 + 0.05 * Math.sin(s), spike: s === 200 || undefined });

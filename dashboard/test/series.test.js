@@ -91,29 +91,94 @@ test("marks are the writer's flags, events and non-finite values only: no rule o
   assert.equal(run.marksOf("spike").length, 2);
 });
 
-test("a resumed run rolled back: the new segment's steps replace the old ones from its first step on", () => {
+test("a resumed run rolled back: the new segment replaces the steps it covers, later old steps stay", () => {
   const run = new RunData("r");
   const hdr = (id) => ({ type: "header", schema: 1, run_id: id, start_time: 100 });
   run.ingestRecord(hdr("a"));
-  for (let s = 1; s <= 20; s++) run.ingestRecord(step(s, { loss: 1, spike: s === 15 }));
+  for (let s = 1; s <= 40; s++) {
+    run.ingestRecord(step(s, { loss: 1, spike: s === 15 || s === 30, clip_coef: s === 15 || s === 25 ? 0.5 : undefined }));
+    if (s === 15 || s === 30) run.ingestRecord({ type: "event", kind: "note", step: s });
+  }
   run.ingestRecord({ type: "eval", step: 20, loss: 0.9 });
-  run.ingestRecord(hdr("b")); // resumed from the step-10 checkpoint
-  for (let s = 11; s <= 40; s++) run.ingestRecord(step(s, { loss: 2 }));
+  run.ingestRecord({ type: "eval", step: 35, loss: 0.8 });
+  run.ingestRecord(hdr("b")); // resumed from the step-10 checkpoint, 10 steps trained again
+  for (let s = 11; s <= 20; s++) run.ingestRecord(step(s, { loss: 2 }));
   const loss = run.series.get("loss");
   assert.deepEqual(loss.steps, Array.from({ length: 40 }, (_, i) => i + 1));
-  assert.deepEqual(loss.values.slice(8, 12), [1, 1, 2, 2]);
-  assert.equal(run.pointCount("eval/loss"), 0); // the old segment's eval at step 20 is overridden
-  assert.equal(run.marksOf("spike").length, 0); // so is its spike at 15
+  assert.deepEqual(loss.values, [...Array(10).fill(1), ...Array(10).fill(2), ...Array(20).fill(1)]);
+  assert.deepEqual(run.series.get("eval/loss").steps, [35]); // the old eval at step 20 is replaced
+  assert.deepEqual(run.series.get("clip_coef").steps, [25]); // a field only the old segment wrote goes too
+  assert.deepEqual(run.marksOf("spike").map((m) => m.step), [30]); // its spike at 15 goes, 30 stays
+  assert.deepEqual(run.events.map((e) => e.step), [30]);
   assert.equal(run.headers.length, 2);
-  // the same header re-sent (a resubscribe overlap) is not a new segment: nothing is cut
+  // the same header re-sent (a resubscribe overlap) is not a new segment: nothing more is replaced
   run.ingestRecord(hdr("b"));
-  run.ingestRecord(step(25, { loss: 2 }));
+  run.ingestRecord(step(15, { loss: 2 }));
   assert.equal(run.pointCount("loss"), 40);
   assert.equal(run.headers.length, 2);
-  // a resume that continues the numbering cuts nothing
+  // a resume from the old run's end continues the numbering: nothing is replaced
   run.ingestRecord(hdr("c"));
   run.ingestRecord(step(41, { loss: 3 }));
   assert.equal(run.pointCount("loss"), 41);
+  assert.deepEqual(run.marksOf("spike").map((m) => m.step), [30]);
+});
+
+test("a rollback under way in the history: live steps go on replacing from the latest segment's last step", () => {
+  const steps = Array.from({ length: 40 }, (_, i) => i + 1);
+  const h = history(steps, {
+    exact: true,
+    headers: [{ type: "header", run_id: "a", start_time: 1 }, { type: "header", run_id: "b", start_time: 2 }],
+    latest_segment: { first_step: 11, last_step: 15 }, // b rolled back to 10, trained 11-15 so far
+    marks: [{ step: 17, kind: "spike", field: "grad_norm", value: 9 }, { step: 30, kind: "spike", field: "grad_norm", value: 8 }],
+    events: [{ type: "event", kind: "spike", step: 17 }, { type: "event", kind: "note", step: 30 }],
+  });
+  const run = new RunData("r");
+  run.loadHistory(h);
+  // b's event for step 18 comes before its step record: it is b's own, and stays
+  run.ingestRecord({ type: "event", kind: "skip", step: 18, reason: "overflow", grad_norm: "Infinity" });
+  for (const s of [16, 17, 18]) run.ingestRecord(step(s, { loss: 5 }));
+  assert.deepEqual(run.marksOf("spike").map((m) => m.step), [30]); // a's spike at 17 is replaced
+  assert.deepEqual(run.marksOf("skip").map((m) => [m.step, m.reason]), [[18, "overflow"]]);
+  assert.deepEqual(run.events.map((e) => e.step), [30, 18]);
+  assert.deepEqual(run.series.get("loss").values.slice(14, 19), [1 / 15, 5, 5, 5, 1 / 19]);
+  assert.equal(run.pointCount("loss"), 40);
+});
+
+test("a loss-scale overflow is a skip mark, not a non-finite one (live, replayed and from history)", () => {
+  const run = new RunData("r");
+  run.ingestRecord(step(1));
+  run.ingestRecord(step(2, { grad_norm: "Infinity", grad_norm_local: "NaN", loss_scale: 65536, skipped: true, skip_reason: "overflow" }));
+  run.ingestRecord(step(3, { loss: "NaN", grad_norm: "Infinity", skipped: true, skip_reason: "overflow" })); // a NaN loss stays one
+  assert.deepEqual(run.marksOf("skip").map((m) => [m.step, m.reason]), [[2, "overflow"], [3, "overflow"]]);
+  assert.deepEqual(run.marksOf("nonfinite").map((m) => [m.step, m.field]), [[3, "loss"]]);
+  assert.equal(run.overflowAt(2), true);
+  assert.equal(run.overflowAt(1), false);
+  assert.equal(run.valueAt("grad_norm", 2).value, Infinity); // the norm as measured is kept
+
+  const h = history([1, 2, 3]);
+  h.series.grad_norm.value = [1, "Infinity", "NaN"];
+  h.marks = [{ step: 2, kind: "skip", field: "grad_norm", value: "Infinity", reason: "overflow" },
+    { step: 3, kind: "nonfinite", field: "grad_norm", value: "NaN" }];
+  const loaded = new RunData("r");
+  loaded.loadHistory(h);
+  assert.deepEqual(loaded.marksOf("nonfinite").map((m) => m.step), [3]);
+  assert.deepEqual(loaded.marksOf("skip").map((m) => [m.step, m.reason]), [[2, "overflow"]]);
+});
+
+test("a replayed file applies the same rules as the server (rollback and overflow)", () => {
+  const { parseJsonl } = require("../src/lib/jsonl.js");
+  const lines = ['{"type":"header","run_id":"a","start_time":1}'];
+  for (let s = 1; s <= 30; s++) lines.push(JSON.stringify({ type: "step", step: s, loss: 1 }));
+  lines.push('{"type":"header","run_id":"b","start_time":2}');
+  for (let s = 6; s <= 10; s++) lines.push(JSON.stringify({ type: "step", step: s, loss: 2 }));
+  lines.push('{"type":"step","step":11,"loss":2,"grad_norm":Infinity,"skipped":true,"skip_reason":"overflow"}');
+  const run = new RunData("r");
+  for (const r of parseJsonl(lines.join("\n") + "\n", { final: true }).records) run.ingestRecord(r);
+  const loss = run.series.get("loss");
+  assert.deepEqual(loss.steps, Array.from({ length: 30 }, (_, i) => i + 1));
+  assert.deepEqual(loss.values, [...Array(5).fill(1), ...Array(6).fill(2), ...Array(19).fill(1)]);
+  assert.deepEqual(run.marksOf("skip").map((m) => [m.step, m.reason]), [[11, "overflow"]]);
+  assert.equal(run.marksOf("nonfinite").length, 0);
 });
 
 test("alarm events are kept apart from the other events (never pushed out by them)", () => {

@@ -10,12 +10,13 @@ const params = [
   { seriesId: "a|b|loss|nonfinite", data: { value: [10, 2.5, 10], nonfinite: "NaN", field: "loss" } },
   { seriesId: "other|loss|raw", data: [11, 3.25, 11] },
   { seriesId: "other|spikes", data: { value: [40, 9, 40], mark: { kind: "spike" } } }, // another step: not shown
+  { seriesId: "other|skips", data: { value: [11, 9, 11], mark: { kind: "skip", reason: "overflow" } } },
 ];
 
 test("one row per run: this chart's value (smoothed first), raw, eval and the marks at that step", () => {
   assert.deepEqual(tooltipRows(params), [
     { run: "a|b", step: 10, value: 2.4, raw: 2.5, eval: { step: 12, value: 2.9 }, marks: ["loss NaN"] },
-    { run: "other", step: 11, value: 3.25, raw: undefined, eval: null, marks: [] },
+    { run: "other", step: 11, value: 3.25, raw: undefined, eval: null, marks: ["skip (overflow)"] },
   ]);
 });
 

@@ -42,6 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run_serve(args: argparse.Namespace) -> int:
     from gradmon.server.app import serve
+    from gradmon.server.limits import raise_open_files_limit
 
     if not 0 <= args.port <= 65535:
         print(f"gradmon serve: --port must be in 0..65535, got {args.port}", file=sys.stderr)
@@ -71,6 +72,8 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"gradmon: alerts go to the webhook at {where} ({alerts.fmt})", flush=True)
         print(f"gradmon: open {server.url}", flush=True)
 
+    # Each WebSocket client holds a descriptor: raise the soft limit towards the hard one first.
+    print(f"gradmon: {raise_open_files_limit().describe()}", flush=True)
     try:
         asyncio.run(serve(args.logdir, args.host, args.port, args.token, ready=ready, alerts=alerts))
     except KeyboardInterrupt:

@@ -87,7 +87,7 @@ def build_job(run: Any, options: HistoryOptions, gzip_ok: bool = False) -> Histo
 def add_marks(series: Series, marks: list[Mark]) -> None:
     """Put every mark's point into its series (so no spike or NaN is ever sampled away)."""
     extra: dict[str, list[tuple[int, float]]] = {}
-    for step, _kind, name, value in marks:
+    for step, _kind, name, value, _reason in marks:
         if value is not None and name in series:
             extra.setdefault(name, []).append((step, value))
     merge_series(series, {n: ([p[0] for p in pts], [p[1] for p in pts]) for n, pts in extra.items()})
@@ -100,13 +100,13 @@ def answer_series(job: HistoryJob) -> tuple[Series, bool]:
     plan, opts, end = job.plan, job.options, job.cursor["offset"]
     if plan.kind == "pyramid":
         series = dict(plan.series)
-        for lo_b, hi_b, s_lo, s_hi in plan.edges:  # each: first/last/min/max of the steps kept
+        for lo_b, hi_b, s_lo, s_hi, keep_out in plan.edges:  # each: first/last/min/max of the steps kept
             lines = read_lines(job.path, lo_b, min(hi_b, end))
-            merge_series(series, series_from_lines(lines, s_lo, s_hi, 4)[0])
+            merge_series(series, series_from_lines([(lo_b, lines)], s_lo, s_hi, 4, keep_out=keep_out)[0])
         exact = False
     else:
-        lines = read_lines(job.path, plan.byte_lo, min(plan.byte_hi, end))
-        series, exact = series_from_lines(lines, opts.lo, opts.hi, opts.points, plan.byte_lo, plan.cutoffs)
+        parts = [(lo, read_lines(job.path, lo, min(hi, end))) for lo, hi in plan.ranges if lo < end]
+        series, exact = series_from_lines(parts, opts.lo, opts.hi, opts.points, plan.replaced)
     if not exact:
         add_marks(series, job.index.visible_marks(opts.lo, opts.hi))
     return series, exact
@@ -130,6 +130,7 @@ def answer(job: HistoryJob) -> tuple[bytes, bool]:
         "marks": idx.marks_in(lo, hi),
         "events": idx.events_in(lo, hi),
         "headers": idx.headers,
+        "latest_segment": idx.latest_segment(),
         "malformed": idx.malformed,
         "marks_dropped": idx.marks_dropped,
         "events_dropped": idx.events_dropped,

@@ -6,7 +6,8 @@ keeps what history and ``/api/runs`` need:
 - step records: their numeric fields in the min/max pyramid, and their marks (``steps.py``,
   ``pyramid.py``);
 - segments (a header starts one; ``segments.py``): a run resumed from an older checkpoint repeats
-  steps, and for those the latest segment wins;
+  steps, and for those the latest segment wins, step by step: an older segment's records at steps a
+  later segment covers are replaced, with their marks, eval points, system points and events;
 - eval records, events and headers whole, each capped; ``system`` records per field, capped
   min/max-preserving (``sampled.py``); of ``layers`` records only the latest.
 
@@ -28,7 +29,7 @@ from gradmon.schema import NOT_SERIES
 from gradmon.server.parse import ParsedLines, parse_lines
 from gradmon.server.query import HistoryPlan, plan_history
 from gradmon.server.sampled import SampledSeries
-from gradmon.server.segments import Segments
+from gradmon.server.segments import Replaced, Segments
 from gradmon.server.steps import TS, Mark, StepSeries
 from gradmon.server.values import finite, number
 
@@ -55,6 +56,7 @@ class RunIndex:
         self.steps = StepSeries()
         self.segments = Segments()
         self.events: deque[dict] = deque(maxlen=MAX_EVENTS)
+        self.event_segments: deque[int] = deque(maxlen=MAX_EVENTS)  # segment of each event
         self.events_dropped = 0
         self.headers: list[dict] = []
         self.eval: dict[str, tuple[list[int], list[float]]] = {}
@@ -120,6 +122,7 @@ class RunIndex:
             if len(self.events) == self.events.maxlen:
                 self.events_dropped += 1
             self.events.append(rec)
+            self.event_segments.append(self.segments.current)
         elif kind == "end":
             self.status_records += 1
             self.ended = rec.get("status") if isinstance(rec.get("status"), str) else "finished"
@@ -149,7 +152,7 @@ class RunIndex:
             return  # sampled before the first step (no `step`), or a step no array can hold
         values = [(name, v) for name, raw in rec.items()
                   if name not in NOT_SERIES and (v := number(raw)) is not None]
-        self.system.add(step, values, self.segments.current, self.segments.cutoffs)
+        self.system.add(step, values, self.segments.current, self.segments.replaced)
 
     # ---- what queries take ----------------------------------------------------------------
 
@@ -163,11 +166,13 @@ class RunIndex:
         """A copy of what a history answer takes from the index besides the series (cheap: no
         filtering here, that is the worker's)."""
         return IndexSnapshot(
-            cutoffs=self.segments.cutoffs(), marks=list(self.steps.marks),
+            replaced=self.segments.replaced(), latest_span=self.segments.latest_span(),
+            marks=list(self.steps.marks),
             mark_segments=array("I", self.steps.mark_segments),
             eval={n: (list(s), list(v)) for n, (s, v) in self.eval.items()},
             eval_segments={n: array("I", a) for n, a in self.eval_segments.items()},
-            system=self.system.copy(), events=list(self.events), headers=list(self.headers),
+            system=self.system.copy(), events=list(self.events), event_segments=list(self.event_segments),
+            headers=list(self.headers),
             layers=self.layers, malformed=self.malformed, marks_dropped=self.steps.marks_dropped,
             events_dropped=self.events_dropped, min_step=self.steps.min_step, max_step=self.steps.max_step,
         )
@@ -196,15 +201,18 @@ class RunIndex:
 @dataclass
 class IndexSnapshot:
     """What a history answer takes from a :class:`RunIndex` besides the series, at one moment:
-    picklable, answered anywhere (``cutoffs``: ``Segments.cutoffs()``, the latest segment wins)."""
+    picklable, answered anywhere (``replaced``: ``Segments.replaced()``, what later segments
+    replaced; ``latest_span``: the latest segment's first and last step)."""
 
-    cutoffs: list[float]
+    replaced: Replaced
+    latest_span: tuple[int, int] | None
     marks: list[Mark]
     mark_segments: array
     eval: dict[str, tuple[list[int], list[float]]]
     eval_segments: dict[str, array]
     system: SampledSeries
     events: list[dict]
+    event_segments: list[int]
     headers: list[dict]
     layers: dict | None
     malformed: int
@@ -214,34 +222,49 @@ class IndexSnapshot:
     max_step: int | None
 
     def visible_marks(self, start: float, end: float) -> list[Mark]:
-        """``(step, kind, field, value)`` of the marks with steps in ``[start, end]`` that no later
-        segment overrides."""
-        cut = self.cutoffs
-        return [m for m, k in zip(self.marks, self.mark_segments) if start <= m[0] <= end and m[0] < cut[k]]
+        """The marks with steps in ``[start, end]`` that no later segment replaced."""
+        rep = self.replaced
+        return [m for m, k in zip(self.marks, self.mark_segments)
+                if start <= m[0] <= end and not rep.hides(k, m[0])]
 
     def marks_in(self, start: float, end: float) -> list[dict]:
-        return [{"step": s, "kind": k, "field": f, "value": v}
-                for s, k, f, v in self.visible_marks(start, end)]
+        """The visible marks as the history sends them, in step order."""
+        out = []
+        for s, k, f, v, reason in sorted(self.visible_marks(start, end), key=itemgetter(0)):
+            mark = {"step": s, "kind": k, "field": f, "value": v}
+            if reason is not None:
+                mark["reason"] = reason
+            out.append(mark)
+        return out
 
     def eval_in(self, start: float, end: float) -> dict[str, dict[str, list]]:
         out = {}
-        cut = self.cutoffs
+        rep = self.replaced
         for name, (steps, values) in self.eval.items():
             segs = self.eval_segments[name]
-            idx = [i for i, s in enumerate(steps) if start <= s <= end and s < cut[segs[i]]]
+            idx = [i for i, s in enumerate(steps) if start <= s <= end and not rep.hides(segs[i], s)]
+            idx.sort(key=steps.__getitem__)  # file order is step order unless a segment went back
             out[name] = {"step": [steps[i] for i in idx], "value": [values[i] for i in idx]}
         return out
 
     def system_in(self, start: float, end: float, points: int) -> dict[str, dict[str, list]]:
         """The system fields' points with steps in ``[start, end]`` (latest segment wins), each
         downsampled min/max-preserving to about ``points`` when it has more."""
-        return self.system.query(start, end, points, self.cutoffs)
+        return self.system.query(start, end, points, self.replaced)
 
     def events_in(self, start: float, end: float) -> list[dict]:
+        """The events with steps in ``[start, end]`` (and those without a step), less those of a
+        segment at a step a later segment replaced: they go with their steps."""
         out = []
-        for ev in self.events:
+        rep = self.replaced
+        for ev, k in zip(self.events, self.event_segments):
             s = ev.get("step")
-            if not isinstance(s, int) or start <= s <= end:
+            if not isinstance(s, int) or (start <= s <= end and not rep.hides(k, s)):
                 out.append(ev)
         return out
+
+    def latest_segment(self) -> dict[str, int | None]:
+        """The latest segment's first and last step (``None`` before its first step)."""
+        first, last = self.latest_span if self.latest_span is not None else (None, None)
+        return {"first_step": first, "last_step": last}
 

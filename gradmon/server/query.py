@@ -2,19 +2,19 @@
 
 :func:`plan_history` takes everything it needs as arguments (the pyramid, the open bucket, the
 segments) and returns a :class:`HistoryPlan`: the pyramid's points with the few base buckets at the
-range's edges to read back, or a byte range of the file to read back whole. ``history.py``
+range's edges (or partly replaced by a later segment) to read back, or byte ranges of the file to
+read back whole. ``history.py``
 carries a plan out. Pure: no I/O, no state kept between calls.
 """
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from gradmon.server.pyramid import BUCKET, FANOUT, Pyramid, Summary
-from gradmon.server.segments import Segments
+from gradmon.server.segments import BucketCover, Intervals, Replaced, Segments
 
 __all__ = ["EXACT_READ_MAX", "READ_MAX", "HistoryPlan", "plan_history"]
 
@@ -26,18 +26,28 @@ READ_MAX = 131_072
 
 @dataclass
 class HistoryPlan:
-    """How to answer a history query: from the pyramid, or by reading ``[byte_lo, byte_hi)``."""
+    """How to answer a history query: from the pyramid, or by reading byte ``ranges`` of the file."""
 
     kind: str  # "pyramid" | "exact" (read, all points) | "read" (read, then downsample)
     series: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
-    byte_lo: int = 0
-    byte_hi: int = 0
+    # Read plans: the ``[byte_lo, byte_hi)`` ranges to read, in file order (base buckets wholly
+    # replaced by a later segment between them are not read).
+    ranges: list[tuple[int, int]] = field(default_factory=list)
     # Pyramid plans: byte ranges of the base buckets that straddle the range's ends or hold
-    # overridden records, to read back exactly (a bucket's min/max may lie outside the range) and
-    # merge with merge_series(): ``(byte_lo, byte_hi, step_lo, step_hi)``, the steps to keep.
-    edges: list[tuple[int, int, float, float]] = field(default_factory=list)
-    # Read plans: segments' cutoffs for series_from_lines (empty: nothing is overridden).
-    cutoffs: list[tuple[int, float]] = field(default_factory=list)
+    # replaced records, to read back exactly (a bucket's min/max may lie outside the range) and
+    # merge with merge_series(): ``(byte_lo, byte_hi, step_lo, step_hi, replaced)``, the steps to
+    # keep and the step intervals to leave out.
+    edges: list[tuple[int, int, float, float, Intervals]] = field(default_factory=list)
+    # Read plans: what later segments replaced (``None``: nothing), for series_from_lines.
+    replaced: Replaced | None = None
+
+    @property
+    def byte_lo(self) -> int:
+        return self.ranges[0][0] if self.ranges else 0
+
+    @property
+    def byte_hi(self) -> int:
+        return self.ranges[-1][1] if self.ranges else 0
 
 
 def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segments,
@@ -46,11 +56,12 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
     points per series (``names``), the file being complete up to byte ``cursor``; ``open_bucket``
     is the summary of the step records not in a base bucket yet.
 
-    Records overridden by a later segment are left out: the nodes that hold some are split down
-    to base buckets, which are skipped when all their records are overridden and read back
-    otherwise. Marks are not added here (see ``history.answer_series``)."""
-    hidden = segments.overridden_buckets(pyramid.base.hi, pyramid.base.size)
-    view = _View(pyramid, open_bucket, hidden, sorted(hidden))
+    Records replaced by a later segment are left out: nodes holding only such records are skipped
+    whole, at any level, and the few nodes holding some are split down to base buckets and read
+    back. Marks are not added here (see ``history.answer_series``)."""
+    replaced = segments.replaced()
+    base = pyramid.base
+    view = _View(pyramid, open_bucket, segments.bucket_cover(replaced, base.lo, base.hi, base.size))
     buckets = max(1, points // 4)
     nodes = view.cover(start, end, buckets)
     count = sum(view.count(nd) for nd in nodes)
@@ -59,22 +70,26 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
     if count <= points or (coarse and count <= read_max):
         fine = view.cover(start, end, read_max // BUCKET + 8)
         if fine and all(lv <= 0 for lv, _ in fine):
-            return HistoryPlan(
-                kind="exact" if count <= points else "read",
-                byte_lo=view.node(fine[0]).offset,
-                byte_hi=view.node_end(fine[-1], cursor),
-                cutoffs=segments.byte_cutoffs(),
-            )
+            ranges: list[tuple[int, int]] = []
+            for nd in fine:
+                lo, hi = view.node(nd).offset, view.node_end(nd, cursor)
+                if ranges and ranges[-1][1] == lo:
+                    ranges[-1] = (ranges[-1][0], hi)
+                else:
+                    ranges.append((lo, hi))
+            return HistoryPlan(kind="exact" if count <= points else "read", ranges=ranges,
+                               replaced=replaced if replaced.any else None)
     series: dict[str, tuple[list[int], list[float]]] = {}
     inner = [nd for nd in nodes if not view.partial(nd, start, end)]
-    edges = [(view.node(nd).offset, view.node_end(nd, cursor), start,
-              min(end, view.hidden.get(nd[1], math.inf) - 1) if nd[0] == 0 else end)
+    edges = [(view.node(nd).offset, view.node_end(nd, cursor), start, end,
+              view.buckets.partial.get(nd[1], ()) if nd[0] == 0 else ())
              for nd in nodes if view.partial(nd, start, end)]  # base buckets only, after refine_edges
     summaries = [view.node(nd) for nd in inner]
     for name in names:
         pts: list[tuple[int, float]] = []
         for s in summaries:
             pts.extend(s.points(name))
+        pts.sort(key=itemgetter(0))  # nodes of a later segment come after the older ones it left standing
         series[name] = ([p[0] for p in pts], [p[1] for p in pts])
     return HistoryPlan(kind="pyramid", series=series, edges=edges)
 
@@ -82,12 +97,11 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
 @dataclass
 class _View:
     """What one query looks at: the pyramid, its open bucket (node ``(-1, 0)``) and the base
-    buckets holding overridden records (``hidden``: bucket -> cutoff step)."""
+    buckets holding replaced records (``buckets``)."""
 
     pyramid: Pyramid
     open: Summary | None
-    hidden: dict[int, float]
-    hidden_sorted: list[int]
+    buckets: BucketCover
 
     def node(self, node: tuple[int, int]) -> Summary:
         level, i = node
@@ -102,8 +116,9 @@ class _View:
             o = self.open
             return o is not None and o.lo <= end and o.hi >= start
         lvl = self.pyramid.levels[level]
-        if level == 0 and i in self.hidden and lvl.lo[i] >= self.hidden[i]:
-            return False  # every record of this bucket is overridden
+        width = FANOUT**level
+        if self.buckets.gone_starts and self.buckets.all_gone(i * width, (i + 1) * width):
+            return False  # every record under this node was replaced
         return lvl.lo[i] <= end and lvl.hi[i] >= start
 
     def count(self, node: tuple[int, int]) -> int:
@@ -163,7 +178,7 @@ class _View:
 
     def partial(self, node: tuple[int, int], start: float, end: float) -> bool:
         s = self.node(node)
-        return s.lo < start or s.hi > end or self.hidden_in(node)
+        return s.lo < start or s.hi > end or self.must_split(node)
 
     def refine_edges(self, nodes: list[tuple[int, int]], start: float, end: float) -> list[tuple[int, int]]:
         """Split nodes that only partly overlap the range down to base buckets: their min/max may
@@ -192,11 +207,12 @@ class _View:
             return base.offset[i + 1]
         return self.open.offset if self.open is not None else cursor
 
-    def hidden_in(self, node: tuple[int, int]) -> bool:
-        """Whether a node holds overridden records (then it is split down to base buckets)."""
+    def must_split(self, node: tuple[int, int]) -> bool:
+        """Whether a node holds replaced records, or spans a segment going back (then it is split
+        down to base buckets, or until its parts are in step order)."""
         level, i = node
-        if level < 0 or not self.hidden_sorted:
+        if level < 0:
             return False
-        lo = i * FANOUT**level
-        j = bisect_left(self.hidden_sorted, lo)
-        return j < len(self.hidden_sorted) and self.hidden_sorted[j] < lo + FANOUT**level
+        width = FANOUT**level
+        lo, hi = i * width, (i + 1) * width
+        return self.buckets.touches(lo, hi) or (level > 0 and self.buckets.straddles(lo, hi))

@@ -7,19 +7,19 @@ Decoded a chunk at a time, keeping only columns: a 100k-line read never holds 10
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from collections.abc import Iterable, Sequence
-from itertools import chain, repeat
-from operator import itemgetter
+from itertools import chain, islice, repeat
+from operator import itemgetter, le
 from typing import Any
 
 from gradmon.schema import MARK_FLAGS, NOT_SERIES
 from gradmon.server.downsample import downsample_indices
 from gradmon.server.parse import parse_lines
+from gradmon.server.segments import Intervals, Replaced
 from gradmon.server.steps import TS
 from gradmon.server.values import FAST_TYPES, number, plain_floats
 
-__all__ = ["SERIES_CHUNK", "Series", "merge_series", "series_from_lines"]
+__all__ = ["SERIES_CHUNK", "LineRange", "Series", "merge_series", "series_from_lines"]
 
 SERIES_CHUNK = 8_192  # lines decoded at a time when reading a range back
 
@@ -46,45 +46,57 @@ def _unkey(v: Any) -> float:
     return math.nan if v == ("nan",) else v
 
 
-def series_from_lines(lines: Iterable[tuple[int, bytes | None]], start: float, end: float,
-                      points: int, first_offset: int = 0, cutoffs: Sequence[tuple[int, float]] = ()
-                      ) -> tuple[Series, bool]:
-    """Series of the step records among ``lines`` (the first starting at byte ``first_offset``)
-    with steps in ``[start, end]`` (the numeric fields and ``ts``), in file order. ``cutoffs``
-    (``Segments.byte_cutoffs()``) leaves out the records a later segment overrides.
+LineRange = tuple[int, Sequence[tuple[int, bytes | None]]]  # (byte offset of the first line, lines)
+
+
+def series_from_lines(parts: Iterable[LineRange], start: float, end: float, points: int,
+                      replaced: Replaced | None = None, keep_out: Intervals = ()) -> tuple[Series, bool]:
+    """Series of the step records in ``parts`` (byte ranges of the file, in file order: each the
+    offset of its first line and its lines) with steps in ``[start, end]`` (the numeric fields and
+    ``ts``). ``replaced`` (``Segments.replaced()``) leaves out the records a later segment
+    replaced, found by their byte offsets; ``keep_out`` leaves out steps in those intervals (the
+    records of one base bucket).
 
     Returns ``(series, exact)``: all points when there are at most ``points`` records, else each
     series downsampled to ``points // 4`` buckets keeping flagged steps and non-finite values.
     """
-    lines = lines if isinstance(lines, list) else list(lines)
-    seg_starts = [o for o, _c in cutoffs]
     steps: list[int] = []
     columns: dict[str, list[Any]] = {}  # every key, in order of first appearance
     flagged: set[int] = set()  # positions of records with a flag set
-    offset = first_offset
-    for k in range(0, len(lines), SERIES_CHUNK):
-        chunk = lines[k:k + SERIES_CHUNK]
-        parsed = parse_lines(chunk, offset)
-        offset = chunk[-1][0]
-        recs = [r for r, o in zip(parsed.records, parsed.offsets)
-                if r["type"] == "step" and start <= r["step"] <= end
-                and (not cutoffs or r["step"] < cutoffs[max(0, bisect_right(seg_starts, o) - 1)][1])]
-        if not recs:
-            continue
-        for name in dict.fromkeys(chain.from_iterable(recs)):
-            if name not in columns:
-                columns[name] = [None] * len(steps)
-        for flag, _kind in MARK_FLAGS:
-            if flag in columns:
-                column = list(map(dict.get, recs, repeat(flag)))
-                if True in column:
-                    flagged.update(len(steps) + i for i, v in enumerate(column) if v is True)
-        for name, column in columns.items():
-            column.extend(map(dict.get, recs, repeat(name)))
-        steps.extend(map(itemgetter("step"), recs))
+    gone = Replaced([keep_out]) if keep_out else None
+    for offset, lines in parts:
+        lines = lines if isinstance(lines, list) else list(lines)
+        for k in range(0, len(lines), SERIES_CHUNK):
+            chunk = lines[k:k + SERIES_CHUNK]
+            parsed = parse_lines(chunk, offset)
+            offset = chunk[-1][0]
+            recs = [r for r, o in zip(parsed.records, parsed.offsets)
+                    if r["type"] == "step" and start <= r["step"] <= end
+                    and (replaced is None or not replaced.hides_at(o, r["step"]))
+                    and (gone is None or not gone.hides(0, r["step"]))]
+            if not recs:
+                continue
+            for name in dict.fromkeys(chain.from_iterable(recs)):
+                if name not in columns:
+                    columns[name] = [None] * len(steps)
+            for flag, _kind in MARK_FLAGS:
+                if flag in columns:
+                    column = list(map(dict.get, recs, repeat(flag)))
+                    if True in column:
+                        flagged.update(len(steps) + i for i, v in enumerate(column) if v is True)
+            for name, column in columns.items():
+                column.extend(map(dict.get, recs, repeat(name)))
+            steps.extend(map(itemgetter("step"), recs))
     exact = len(steps) <= points
     if not steps:
         return {}, exact
+    if not all(map(le, steps, islice(steps, 1, None))):
+        # A later segment's records come after the older ones it left standing: into step order.
+        order = sorted(range(len(steps)), key=steps.__getitem__)
+        steps = [steps[i] for i in order]
+        columns = {name: [column[i] for i in order] for name, column in columns.items()}
+        if flagged:
+            flagged = {new for new, old in enumerate(order) if old in flagged}
     series = {}
     for name, column in columns.items():
         if name in NOT_SERIES and name != TS:

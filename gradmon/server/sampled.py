@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gradmon.server.downsample import downsample_indices
+from gradmon.server.segments import Replaced
 
 __all__ = ["SampledSeries"]
 
@@ -36,8 +37,8 @@ class SampledSeries:
 
     A point at the same step and segment as the field's previous point replaces it (training did
     not advance between two samples: the newest sample wins, as on the page). Records of earlier
-    segments that a later segment overrides (``cutoffs``, see ``Segments.cutoffs``) are left out of
-    queries, and dropped first when a field is compacted."""
+    segments at steps a later segment replaced (``Segments.replaced``) are left out of queries, and
+    dropped first when a field is compacted."""
 
     def __init__(self, cap: int = 20_000, max_fields: int = 64) -> None:
         if cap < 8:
@@ -48,9 +49,9 @@ class SampledSeries:
         self.compactions = 0  # times a field was downsampled (the data is then not exact)
 
     def add(self, step: int, values: Sequence[tuple[str, float]], seg: int,
-            cutoffs: Callable[[], list[float]]) -> None:
+            replaced: Callable[[], Replaced]) -> None:
         """Add one record's numeric ``(name, value)`` pairs at ``step`` in segment ``seg``.
-        ``cutoffs`` is called only when a field is compacted."""
+        ``replaced`` is called only when a field is compacted."""
         for name, v in values:
             pts = self.fields.get(name)
             if pts is None:
@@ -64,11 +65,11 @@ class SampledSeries:
             pts.values.append(v)
             pts.seg.append(seg)
             if len(pts.steps) > self.cap:
-                self._compact(pts, cutoffs())
+                self._compact(pts, replaced())
 
-    def _compact(self, pts: _Points, cut: list[float]) -> None:
-        """Drop overridden points, then downsample to ``cap // 2`` (min/max kept)."""
-        live = [i for i, (s, k) in enumerate(zip(pts.steps, pts.seg)) if s < cut[k]]
+    def _compact(self, pts: _Points, rep: Replaced) -> None:
+        """Drop replaced points, then downsample to ``cap // 2`` (min/max kept)."""
+        live = [i for i, (s, k) in enumerate(zip(pts.steps, pts.seg)) if not rep.hides(k, s)]
         values = [pts.values[i] for i in live]
         keep = downsample_indices(values, max(1, self.cap // 8))
         idx = [live[i] for i in keep]
@@ -90,15 +91,15 @@ class SampledSeries:
         return list(self.fields)
 
     def query(self, start: float, end: float, points: int,
-              cut: list[float]) -> dict[str, dict[str, list[Any]]]:
+              rep: Replaced) -> dict[str, dict[str, list[Any]]]:
         """``{name: {"step": [...], "value": [...]}}`` of the points with steps in ``[start, end]``
-        not overridden by a later segment, in step order, one per step (the latest segment's),
+        not replaced by a later segment, in step order, one per step (the latest segment's),
         each field downsampled to about ``points`` (min/max kept) when it has more."""
         out: dict[str, dict[str, list[Any]]] = {}
         for name, pts in self.fields.items():
             by_step: dict[int, float] = {}
             for s, v, k in zip(pts.steps, pts.values, pts.seg):
-                if start <= s <= end and s < cut[k]:
+                if start <= s <= end and not rep.hides(k, s):
                     by_step[s] = v  # file order: a repeat within a segment (a step going back) -> newest
             steps = sorted(by_step)
             values = [by_step[s] for s in steps]

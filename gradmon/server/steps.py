@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 from array import array
-from itertools import repeat
-from operator import itemgetter
-from typing import Any
+from itertools import islice, repeat
+from operator import itemgetter, le
+from typing import Any, Optional
 
-from gradmon.schema import MARK_FLAGS, NOT_SERIES
+from gradmon.schema import MARK_FLAGS, NOT_SERIES, OVERFLOW_REASON
 from gradmon.server.pyramid import BUCKET, Pyramid, Summary, column_summary
 from gradmon.server.values import number
 
@@ -30,7 +30,7 @@ MAX_MARKS = 20_000
 # series ``ts`` (steps -> Unix seconds), so a page can place any step in time.
 TS = "ts"
 
-Mark = tuple[int, str, str, float]  # (step, kind, field, value)
+Mark = tuple[int, str, str, float, Optional[str]]  # (step, kind, field, value, skip reason)
 
 
 class StepSeries:
@@ -63,15 +63,17 @@ class StepSeries:
         """The names of the history series: the numeric fields, then ``ts`` when known."""
         return [*self.fields, TS] if self._has_ts else list(self.fields)
 
-    def add(self, recs: list[dict], offsets: list[int], check: list[int], segment: int) -> tuple[int, int]:
+    def add(self, recs: list[dict], offsets: list[int], check: list[int],
+            segment: int) -> tuple[int, int, bool]:
         """Index consecutive step records (starting at byte ``offsets[i]``) of ``segment``;
         ``check``: positions of those that may carry marks. Whole slices go into the open bucket.
-        Returns their smallest and largest step."""
+        Returns their smallest and largest step, and whether their steps never go back."""
         self._segment = segment
         steps = list(map(itemgetter("step"), recs))
         self.count += len(recs)
         self.last_step = steps[-1]
         lo, hi = min(steps), max(steps)
+        ordered = steps[0] == lo and steps[-1] == hi and all(map(le, steps, islice(steps, 1, None)))
         self.min_step = lo if self.min_step is None else min(self.min_step, lo)
         self.max_step = hi if self.max_step is None else max(self.max_step, hi)
         if not all(map(self._known.issuperset, recs)):
@@ -97,7 +99,7 @@ class StepSeries:
                 self.close_bucket()
             i = j
         self._ob_cache = None
-        return lo, hi
+        return lo, hi, ordered
 
     def close_bucket(self) -> None:
         """Summarize the open bucket into the pyramid (early at a segment's start, so that no base
@@ -118,12 +120,6 @@ class StepSeries:
         if self._ob_cache is None or self._ob_cache[0] != n:
             self._ob_cache = (n, self._summarize(self._ob_recs, self._ob_steps, self._ob_offset, None))
         return self._ob_cache[1]
-
-    def visible_marks(self, start: float, end: float, cut: list[float]) -> list[Mark]:
-        """The marks with steps in ``[start, end]`` that no later segment overrides (``cut``:
-        ``Segments.cutoffs()``)."""
-        return [m for m, k in zip(self.marks, self.mark_segments)
-                if start <= m[0] <= end and m[0] < cut[k]]
 
     def _discover(self, rec: dict) -> None:
         """Register the numeric fields of a step record that has keys not seen before."""
@@ -146,18 +142,22 @@ class StepSeries:
             self._field_set.add(name)
             self.fields.append(name)
 
-    def _mark(self, step: int, kind: str, name: str, value: Any) -> None:
+    def _mark(self, step: int, kind: str, name: str, value: Any, reason: str | None = None) -> None:
         if len(self.marks) >= MAX_MARKS:
             self.marks_dropped += 1
             return
-        self.marks.append((step, kind, name, value))
+        self.marks.append((step, kind, name, value, reason))
         self.mark_segments.append(self._segment)
 
     def _step_marks(self, rec: dict, step: int) -> None:
-        """The marks of one step record: its non-finite field values, then its flags."""
+        """The marks of one step record: its non-finite field values, then its flags. A loss-scale
+        overflow (``skip_reason: "overflow"``) is a skip: its non-finite norms are no ``nonfinite``
+        marks (a non-finite loss still is)."""
         nonfinite_marked = False
+        reason = rec.get("skip_reason")
+        overflow = reason == OVERFLOW_REASON
         for name, raw in rec.items():
-            if name in self._field_set:
+            if name in self._field_set and not (overflow and name != "loss"):
                 v = number(raw)
                 if v is not None and not math.isfinite(v):
                     self._mark(step, "nonfinite", name, v)
@@ -165,7 +165,8 @@ class StepSeries:
         for flag, kind in MARK_FLAGS:
             if rec.get(flag) is True and not (kind == "nonfinite" and nonfinite_marked):
                 name = "grad_norm" if "grad_norm" in rec else "loss"
-                self._mark(step, kind, name, number(rec.get(name)))
+                self._mark(step, kind, name, number(rec.get(name)),
+                           reason if kind == "skip" and isinstance(reason, str) else None)
 
     def _summarize(self, recs: list[dict], steps: list[int], offset: int,
                    marked: set[int] | None) -> Summary:

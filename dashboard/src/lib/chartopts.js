@@ -3,7 +3,7 @@
   "use strict";
   const isNode = typeof module !== "undefined" && module.exports;
   const deps = isNode
-    ? Object.assign({}, require("./decimate.js"), require("./format.js"), require("./yaxis.js"))
+    ? Object.assign({}, require("./schema.js"), require("./decimate.js"), require("./format.js"), require("./yaxis.js"))
     : root.GradmonLib;
   const api = factory(deps);
   if (isNode) module.exports = api;
@@ -13,6 +13,7 @@
 
   const MARK_COLOR = "#d62728";
   const SKIP_COLOR = "#e6891a";
+  const OVERFLOW = lib.SCHEMA.OVERFLOW_REASON;
   const QUALITY_RANK = { exact: 0, "lead-in": 1, approx: 2 };
 
   /**
@@ -41,7 +42,8 @@
   /**
    * Points [x, y, step] of one field of one run, y null where not drawable (non-finite, or <= 0 on
    * a log axis), and the markers of its non-finite values: a red triangle at the last finite value
-   * before them (pointing down for -Infinity), or at the first finite value after them.
+   * before them (pointing down for -Infinity), or at the first finite value after them. A loss-scale
+   * overflow's non-finite norm gets none: the step is a skip (its diamond, see flagMarks).
    */
   function pointsOf(run, field, steps, values, mode, log) {
     const points = [];
@@ -59,7 +61,7 @@
         continue;
       }
       points.push([x, null, steps[i]]);
-      if (typeof y === "number" && !Number.isFinite(y)) {
+      if (typeof y === "number" && !Number.isFinite(y) && !(field !== "loss" && run.overflowAt(steps[i]))) {
         const m = {
           value: [x, lastFinite === null ? (log ? 1 : 0) : lastFinite, steps[i]],
           nonfinite: lib.formatValue(y),
@@ -182,7 +184,10 @@
     return { series, log, autoLog, range, markerPoints, clippedPoints, smoothing: quality };
   }
 
-  /** The detector marks of one kind on a marks chart: at the flagged step's value, clamped into the range. */
+  /**
+   * The detector marks of one kind on a marks chart: at the flagged step's value, clamped into the
+   * range. A loss-scale overflow (a skip whose norm is non-finite) sits at the top of the range.
+   */
   function flagMarks(run, kind, mode, log, range) {
     const data = [];
     for (const m of run.marksOf(kind)) {
@@ -191,11 +196,16 @@
         const at = run.valueAt("grad_norm", m.step);
         y = at ? at.value : null;
       }
+      let trueValue = y;
+      if (!usable(y, log) && m.reason === OVERFLOW && range) {
+        trueValue = m.value; // as measured (non-finite), drawn at the top
+        y = range.max;
+      }
       if (!usable(y, log)) continue; // a non-finite flagged step already has its triangle
       const x = xOf(run, m.step, mode);
       if (!Number.isFinite(x)) continue;
       const shown = range ? Math.min(range.max, Math.max(range.min, y)) : y;
-      data.push({ value: [x, shown, m.step], mark: m, trueValue: y });
+      data.push({ value: [x, shown, m.step], mark: m, trueValue });
     }
     return data;
   }

@@ -1,15 +1,18 @@
 /* Everything the page keeps of one run: a series per field, marks, events, headers, cursor. Pure.
  *
  * History (possibly downsampled) and live records merge by step (series.js). A resumed run's new
- * segment (a header, then steps that go back) replaces the steps it repeats, as the server's
- * history does: the latest segment wins. Marks are the writer's flags and non-finite values only;
- * the page computes no spike rule of its own (alarms come as events, see alarms.js).
+ * segment (a header, then steps that go back) replaces what older segments logged at the steps it
+ * covers, from its first step to its last, as the server's history does (docs/format.md): the
+ * older steps after a rollback's last step stay. Marks are the writer's flags and non-finite values
+ * only (a loss-scale overflow is a skip, not a non-finite mark); the page computes no spike rule of
+ * its own (alarms come as events, see alarms.js).
  */
 (function (root, factory) {
   "use strict";
   const isNode = typeof module !== "undefined" && module.exports;
   const deps = isNode
-    ? Object.assign({}, require("./schema.js"), require("./jsonl.js"), require("./series.js"), require("./smoothing.js"))
+    ? Object.assign({}, require("./schema.js"), require("./jsonl.js"), require("./series.js"), require("./smoothing.js"),
+      require("./segments.js"))
     : root.GradmonLib;
   const api = factory(deps);
   if (isNode) module.exports = api;
@@ -21,6 +24,7 @@
   // from a server).
   const NOT_CURVES = new Set(["type", ...lib.SCHEMA.NOT_SERIES, ...lib.SCHEMA.FLAG_FIELDS]);
   const MARK_FLAGS = lib.SCHEMA.MARK_FLAGS;
+  const OVERFLOW = lib.SCHEMA.OVERFLOW_REASON;
   const MAX_MARKS = 20000; // as the server's history
   const MAX_EVENTS = 1000;
   const MAX_ALARM_EVENTS = 5000;
@@ -42,7 +46,8 @@
       this.alarmEvents = []; // alarm, alarm_end and abort events, in file order
       this.headers = [];
       this.headerKeys = new Set();
-      this.newSegment = false; // a new header arrived: its first step cuts what the old segments logged after it
+      this.segments = new lib.SegmentCover(); // which steps a new segment replaces (segments.js)
+      this.eventTags = new WeakMap(); // event record -> the segment tag it came with
       this.cursor = null;
       this.exact = true; // the base series hold every step of the run (false when downsampled or decimated)
       this.detail = null; // a window fetched on zoom: {start, end, exact, smoothFrom, series: Map}
@@ -113,21 +118,34 @@
 
     _put(field, step, value) {
       this.get(field).put(step, value, this._keep());
+      this.segments.held(step);
     }
 
-    addMark(kind, step, field, value, source) {
+    /** A mark (`reason`: a skip's reason, e.g. "overflow"). */
+    addMark(kind, step, field, value, source, reason) {
       // One spike/skip mark per step; non-finite marks per field (loss and norm can both be NaN).
       const key = kind === "nonfinite" ? "nonfinite:" + field + ":" + step : kind + ":" + step;
       const m = this.marks.get(key);
+      const seg = this.segments.tag();
       if (m) {
         if (!m.sources.includes(source)) m.sources.push(source);
         if (m.value === undefined && value !== undefined) m.value = value;
+        if (m.reason === undefined && reason !== undefined) m.reason = reason;
+        if (seg > m.seg) m.seg = seg; // asserted again by a newer segment
         return m;
       }
       if (this.marks.size >= MAX_MARKS) return null; // as the server: the first ones are kept
-      const mark = { kind, step, field, value, sources: [source] };
+      const mark = { kind, step, field, value, sources: [source], seg };
+      if (reason !== undefined) mark.reason = reason;
       this.marks.set(key, mark);
+      this.segments.held(step);
       return mark;
+    }
+
+    /** Whether `step` is a loss-scale overflow (a skip whose non-finite norm is expected). */
+    overflowAt(step) {
+      const m = this.marks.get("skip:" + step);
+      return !!m && m.reason === OVERFLOW;
     }
 
     /** Marks of a kind ("spike", "nonfinite", "skip"), sorted by step. */
@@ -181,7 +199,7 @@
       this.headerKeys.add(key);
       this.headers.push(rec);
       this.ended = null;
-      this.newSegment = true;
+      this.segments.newSegment();
       return true;
     }
 
@@ -196,46 +214,50 @@
     }
 
     /**
-     * A new segment's first step: everything the older segments logged at or after it goes (the
-     * latest segment wins, docs/protocol.md), so a rolled-back run shows each step once.
+     * Drop what older segments than the current one hold at steps in [from, to]: a step of the
+     * current segment newly covers them (the latest segment wins, step by step, docs/format.md), so
+     * a rolled-back run shows each step once and keeps the old steps after the rollback's last one.
      */
-    truncateFrom(step) {
-      let changed = false;
-      for (const s of this.series.values()) changed = s.truncateFrom(step) || changed;
-      for (const [k, m] of this.marks) {
-        if (m.step >= step) {
-          this.marks.delete(k);
-          changed = true;
-        }
-      }
-      if (this.detail && this.detail.end >= step) this.detail = null;
-      return changed;
+    replaceRange(from, to) {
+      const older = (tag) => this.segments.older(tag);
+      const inRange = (s) => typeof s === "number" && s >= from && s <= to;
+      for (const s of this.series.values()) s.removeRange(from, to);
+      for (const [k, m] of this.marks) if (inRange(m.step) && older(m.seg)) this.marks.delete(k);
+      const keep = (e) => !(inRange(e.step) && older(this.eventTags.get(e)));
+      this.events = this.events.filter(keep);
+      this.alarmEvents = this.alarmEvents.filter(keep);
+      if (this.detail && this.detail.start <= to && this.detail.end >= from) this.detail = null;
     }
 
     _ingestStep(rec) {
       const step = rec.step;
-      if (this.newSegment) {
-        this.newSegment = false;
-        this.truncateFrom(step);
-      }
+      const replaced = this.segments.extend(step);
+      if (replaced) this.replaceRange(replaced[0], replaced[1]);
       if (typeof rec.ts === "number") this._put("ts", step, rec.ts);
+      // A loss-scale overflow's non-finite norms are expected: the step is a skip (a non-finite
+      // loss is never an overflow, and keeps its mark).
+      const overflow = rec.skip_reason === OVERFLOW;
       let nonfinite = false;
       for (const k of Object.keys(rec)) {
         const v = rec[k];
         if (typeof v !== "number" || NOT_CURVES.has(k)) continue;
         this._put(k, step, v);
-        if (!Number.isFinite(v)) {
+        if (!Number.isFinite(v) && !(overflow && k !== "loss")) {
           this.addMark("nonfinite", step, k, v, "cell");
           nonfinite = true;
         }
       }
       const markField = "grad_norm" in rec ? "grad_norm" : "loss";
+      const reason = typeof rec.skip_reason === "string" ? rec.skip_reason : undefined;
       for (const [flag, kind] of MARK_FLAGS) {
-        if (rec[flag] === true && !(kind === "nonfinite" && nonfinite)) this.addMark(kind, step, markField, rec[markField], "cell");
+        if (rec[flag] === true && !(kind === "nonfinite" && nonfinite)) {
+          this.addMark(kind, step, markField, rec[markField], "cell", kind === "skip" ? reason : undefined);
+        }
       }
     }
 
     _ingestEvent(rec) {
+      this.eventTags.set(rec, this.segments.tag());
       if (ALARM_KINDS.has(rec.kind)) {
         this.alarmEvents.push(rec);
         if (this.alarmEvents.length > MAX_ALARM_EVENTS) this.alarmEvents.shift();
@@ -243,9 +265,11 @@
         this.events.push(rec);
         if (this.events.length > MAX_EVENTS) this.events.shift();
       }
+      this.segments.held(rec.step);
       if (typeof rec.step === "number" && (rec.kind === "spike" || rec.kind === "skip" || rec.kind === "nonfinite")) {
         const value = typeof rec.grad_norm === "number" ? rec.grad_norm : undefined;
-        this.addMark(rec.kind, rec.step, "grad_norm", value, "event");
+        const reason = rec.kind === "skip" && typeof rec.reason === "string" ? rec.reason : undefined;
+        this.addMark(rec.kind, rec.step, "grad_norm", value, "event", reason);
       }
     }
 
@@ -259,9 +283,12 @@
       this.reset();
       this.skippedLines = keepSkipped;
       this.cursor = resp.cursor || null;
-      for (const m of resp.marks || []) this.addMark(m.kind, m.step, m.field || "grad_norm", lib.decodeNumber(m.value), "server");
+      this.segments.fromServer = true;
+      for (const m of resp.marks || []) this._serverMark(m);
       for (const h of resp.headers || []) this._addHeader(lib.decodeNonFinite(h));
-      this.newSegment = false; // the history already applied the latest-segment rule
+      // The history already applied the latest-segment rule; live steps of the latest segment
+      // extend its cover from its last step on (unknown from an older server: from the next step).
+      this.segments.continueFrom(resp.latest_segment);
       for (const e of resp.events || []) this._ingestEvent(lib.decodeNonFinite(e));
       const keep = this._keep();
       const load = (prefix, group) => {
@@ -269,9 +296,12 @@
           if (prefix === "" && NOT_CURVES.has(name) && name !== "ts") continue;
           const s = group[name];
           const values = lib.decodeArray(s.value);
-          this.get(prefix + name).setAll(s.step || [], values, keep);
+          const series = this.get(prefix + name);
+          series.setAll(s.step || [], values, keep);
+          if (series.length) this.segments.held(series.steps[series.length - 1]);
           (s.step || []).forEach((st, i) => {
-            if (!Number.isFinite(values[i])) this.addMark("nonfinite", st, prefix + name, values[i], "server");
+            if (Number.isFinite(values[i]) || (prefix === "" && name !== "loss" && this.overflowAt(st))) return;
+            this.addMark("nonfinite", st, prefix + name, values[i], "server");
           });
         }
       };
@@ -288,6 +318,7 @@
         if (a !== null && b !== null) this.get("ts").setAll(a === b ? [a] : [a, b], a === b ? [info.last_ts] : [info.first_ts, info.last_ts]);
       }
       this.malformed = typeof resp.malformed === "number" ? resp.malformed : 0;
+      this.segments.fromServer = false;
       this.version++;
     }
 
@@ -311,10 +342,18 @@
       add("", resp.series);
       add("eval/", resp.eval);
       add("system/", resp.system);
-      for (const m of resp.marks || []) this.addMark(m.kind, m.step, m.field || "grad_norm", lib.decodeNumber(m.value), "server");
+      this.segments.fromServer = true;
+      for (const m of resp.marks || []) this._serverMark(m);
+      this.segments.fromServer = false;
       const exact = resp.exact !== false;
       this.detail = { start: resp.start, end: resp.end, exact, smoothFrom: exact ? smoothFrom : undefined, series };
       this.version++;
+    }
+
+    /** A mark of a history response (docs/protocol.md). */
+    _serverMark(m) {
+      const reason = typeof m.reason === "string" ? m.reason : undefined;
+      this.addMark(m.kind, m.step, m.field || "grad_norm", lib.decodeNumber(m.value), "server", reason);
     }
 
     /** The points to draw for `field`: the base series with the zoom window spliced in. */

@@ -22,6 +22,8 @@
     FLAG_FIELDS: ["clipped", "spike", "skipped", "nonfinite"],
     // Step flags that put a mark on the charts, with the mark's kind.
     MARK_FLAGS: [["spike", "spike"], ["skipped", "skip"], ["nonfinite", "nonfinite"]],
+    // The skip_reason of a loss-scale overflow step: a skip mark, its non-finite norm no nonfinite mark.
+    OVERFLOW_REASON: "overflow",
     // Numeric fields of a step record that are coordinates or bookkeeping, not series.
     NOT_SERIES: ["step", "epoch", "ts", "schema", "pid", "rank", "world_size"],
     // Alarm events (gradmon/alarms.py): the kinds that open and close an incident, and its reasons.

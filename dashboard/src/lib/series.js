@@ -95,12 +95,13 @@
       if (this.onCompact) this.onCompact();
     }
 
-    /** Drop every point at or after `step` (a resumed run rolled back: the newer segment replaces them). */
-    truncateFrom(step) {
-      const i = lowerBound(this.steps, step);
-      if (i >= this.steps.length) return false;
-      this.steps.length = i;
-      this.values.length = i;
+    /** Drop the points at steps in [from, to] (a resumed run rolled back: a newer segment replaces them). */
+    removeRange(from, to) {
+      const i = lowerBound(this.steps, from);
+      const j = lowerBound(this.steps, to + 1e-9);
+      if (i >= j) return false;
+      this.steps.splice(i, j - i);
+      this.values.splice(i, j - i);
       this.version++;
       return true;
     }

@@ -38,7 +38,7 @@
       else if (role === "raw") r.rawPoint = data;
       else if (role === "smooth") r.smoothPoint = data;
       else if (p.data && p.data.nonfinite) r.pending.push([data[2], p.data.field + " " + p.data.nonfinite]);
-      else if (p.data && p.data.mark) r.pending.push([data[2], p.data.mark.kind]);
+      else if (p.data && p.data.mark) r.pending.push([data[2], p.data.mark.kind + (p.data.mark.reason ? " (" + p.data.mark.reason + ")" : "")]);
     }
     const out = [];
     for (const r of rows.values()) {
