@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gradmon.schema import FLAG_FIELDS
+from gradmon.schema import FLAG_FIELDS, OVERFLOW_REASON
 
 __all__ = [
     "DYNAMIC_MIN_LOSS_SCALE",
@@ -237,7 +237,7 @@ def skip_reason(record: Mapping[str, Any]) -> str | None:
     if not record.get("skipped"):
         return None
     if is_overflow_step(record):
-        return "overflow"
+        return OVERFLOW_REASON
     if is_nonfinite_step(record):
         return "nonfinite"
     return "spike" if record.get("spike") else "other"
@@ -250,7 +250,7 @@ def classify_step(record: dict[str, Any]) -> dict[str, Any]:
     reason = skip_reason(record)
     if reason is not None:
         record["skip_reason"] = reason
-        if reason == "overflow":
+        if reason == OVERFLOW_REASON:
             record.pop("nonfinite", None)
     return record
 
@@ -265,11 +265,11 @@ def events_for_step(record: Mapping[str, Any], ts: float | None = None) -> list[
     skipped = bool(record.get("skipped"))
     reason = skip_reason(record)
     events: list[dict[str, Any]] = []
-    if reason == "overflow":
+    if reason == OVERFLOW_REASON:
         scale = record.get("loss_scale")
         at = f" at scale {scale:g}" if _finite(scale) else ""
         events.append({
-            "type": "event", "kind": "skip", "reason": "overflow", "step": step, "ts": ts,
+            "type": "event", "kind": "skip", "reason": OVERFLOW_REASON, "step": step, "ts": ts,
             "message": f"update skipped: loss-scale overflow{at}",
             "grad_norm": norm, "loss_scale": scale,
         })

@@ -65,20 +65,11 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
     buckets = max(1, points // 4)
     nodes = view.cover(start, end, buckets)
     count = sum(view.count(nd) for nd in nodes)
-    coarse = 4 * len(nodes) < points // 2  # even base buckets would give too few points
     read_max = min(max(EXACT_READ_MAX, 16 * points), READ_MAX)
-    if count <= points or (coarse and count <= read_max):
-        fine = view.cover(start, end, read_max // BUCKET + 8)
-        if fine and all(lv <= 0 for lv, _ in fine):
-            ranges: list[tuple[int, int]] = []
-            for nd in fine:
-                lo, hi = view.node(nd).offset, view.node_end(nd, cursor)
-                if ranges and ranges[-1][1] == lo:
-                    ranges[-1] = (ranges[-1][0], hi)
-                else:
-                    ranges.append((lo, hi))
-            return HistoryPlan(kind="exact" if count <= points else "read", ranges=ranges,
-                               replaced=replaced if replaced.any else None)
+    if count <= points:
+        plan = _read_plan(view, start, end, read_max, cursor, replaced, exact=True)
+        if plan is not None:
+            return plan
     series: dict[str, tuple[list[int], list[float]]] = {}
     inner = [nd for nd in nodes if not view.partial(nd, start, end)]
     edges = [(view.node(nd).offset, view.node_end(nd, cursor), start, end,
@@ -91,7 +82,32 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
             pts.extend(s.points(name))
         pts.sort(key=itemgetter(0))  # nodes of a later segment come after the older ones it left standing
         series[name] = ([p[0] for p in pts], [p[1] for p in pts])
+    # Even base buckets give too few points (up to 4 each, fewer where first/last/min/max coincide):
+    # read the range back instead, when it is short enough.
+    kept = max((len(steps) for steps, _values in series.values()), default=0) + 4 * len(edges)
+    if kept < points // 2 and count <= read_max:
+        plan = _read_plan(view, start, end, read_max, cursor, replaced, exact=False)
+        if plan is not None:
+            return plan
     return HistoryPlan(kind="pyramid", series=series, edges=edges)
+
+
+def _read_plan(view: _View, start: float, end: float, read_max: int, cursor: int, replaced: Replaced,
+               exact: bool) -> HistoryPlan | None:
+    """A plan that reads ``[start, end]`` back from the file, if base buckets cover it within
+    ``read_max`` records; ``exact``: every record in range fits the points asked for."""
+    fine = view.cover(start, end, read_max // BUCKET + 8)
+    if not fine or any(lv > 0 for lv, _ in fine):
+        return None
+    ranges: list[tuple[int, int]] = []
+    for nd in fine:
+        lo, hi = view.node(nd).offset, view.node_end(nd, cursor)
+        if ranges and ranges[-1][1] == lo:
+            ranges[-1] = (ranges[-1][0], hi)
+        else:
+            ranges.append((lo, hi))
+    return HistoryPlan(kind="exact" if exact else "read", ranges=ranges,
+                       replaced=replaced if replaced.any else None)
 
 
 @dataclass
