@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from mindspore.train import Callback
 
+from gradmon.alarms import AlarmConfig
 from gradmon.jsonl import to_jsonable
 from gradmon.outputs import parse_step_outputs, to_float, to_host
 from gradmon.records import eval_metrics, resumed_epoch_offset
@@ -85,8 +86,15 @@ class LiveMonitor(Callback):
             training state (the step cell's device step counter, else the optimizer's
             ``global_step``), so a run resumed from a checkpoint continues its numbering.
         on_event: called with every ``event`` record the monitor writes (``nonfinite``, ``skip``,
-            ``spike``, ``abort``, ...), on the training thread; an exception in it is logged once.
+            ``spike``, ``abort``, ``alarm``, ``alarm_end``, ...), on the training thread; an
+            exception in it is logged once.
         retry_initial: first back-off (seconds) before reopening an unwritable log.
+        alarms: run the alarm rule (:class:`gradmon.alarms.AlarmRule`, docs/format.md "Alarms")
+            over every step record, at full resolution, and write its ``alarm`` / ``alarm_end``
+            events; the header says so (``alarm_rule``). One rule per segment. False: no rule and
+            no ``alarm_rule`` in the header (readers such as ``gradmon serve`` judge the log).
+        alarm_config: the rule's thresholds: an :class:`gradmon.alarms.AlarmConfig` or a dict of
+            some of its fields, e.g. ``{"quiet_steps": 20}`` (default: ``AlarmConfig()``).
 
     Outside ``Model.train``: ``log(step, **metrics)`` and ``log_eval(step, **metrics)`` write
     records directly; ``attach(cell, optimizer)`` + ``after_step(outputs)`` after each step of a
@@ -112,12 +120,14 @@ class LiveMonitor(Callback):
         initial_step: int | None = None,
         on_event: Callable[[dict[str, Any]], Any] | None = None,
         retry_initial: float = 1.0,
+        alarms: bool = True,
+        alarm_config: AlarmConfig | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.settings = MonitorSettings(
             log_file_path(log_file), log_interval, config or {}, batch_size, per_rank, system_metrics,
             system_interval, abort_after, abort_checkpoint, layer_stats_every, layer_top_k, initial_step,
-            on_event, retry_initial,
+            on_event, retry_initial, alarms=alarms, alarm_config=alarm_config,
         )
         self._cell: Any = None
         self._optimizer: Any = None

@@ -73,8 +73,10 @@ def header_fields(
     steps_per_epoch_unknown: str | None,
     initial_step: int,
     initial_step_from: str,
+    alarm_rule: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The fields of a segment's header (see docs/format.md for each)."""
+    """The fields of a segment's header (see docs/format.md for each). ``alarm_rule``: the
+    settings of the alarm rule the writer runs (None: it runs none)."""
     from gradmon import __version__
 
     cell_cfg = cell_config(cell)
@@ -102,4 +104,6 @@ def header_fields(
         header["steps_per_epoch"] = int(steps_per_epoch)
     elif steps_per_epoch_unknown:
         header["steps_per_epoch_unknown"] = steps_per_epoch_unknown
+    if alarm_rule is not None:
+        header["alarm_rule"] = dict(alarm_rule)
     return header

@@ -2,7 +2,9 @@
 
 :class:`MonitorSettings` validates the monitor's options once. :class:`Segment` is what one
 ``start`` opens and one ``close`` ends: the header, a writer per file this rank writes, the
-:class:`~gradmon.steplog.StepLogger` that turns steps into records, and the system sampler.
+:class:`~gradmon.steplog.StepLogger` that turns steps into records, the segment's alarm rule
+(a fresh one per segment, as for a new process: a resumed segment never continues an incident of
+the one before) and the system sampler.
 """
 
 from __future__ import annotations
@@ -10,16 +12,17 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
+from gradmon.alarms import AlarmConfig, AlarmRule
 from gradmon.header import distributed, header_fields
 from gradmon.lr import LrReader
 from gradmon.runlog import RunLogWriter
 from gradmon.steplog import StepLogger
 from gradmon.training_state import overflow_floor, save_abort_checkpoint
 
-__all__ = ["MonitorSettings", "Segment", "rank_log_path"]
+__all__ = ["MonitorSettings", "Segment", "alarm_config_of", "rank_log_path"]
 
 _log = logging.getLogger("gradmon.callback")
 
@@ -28,6 +31,26 @@ def rank_log_path(log_file: str, rank: int) -> str:
     """``dir/metrics.jsonl`` -> ``dir/metrics.rank<rank>.jsonl``."""
     root, ext = os.path.splitext(log_file)
     return f"{root}.rank{rank}{ext or '.jsonl'}"
+
+
+def alarm_config_of(value: AlarmConfig | Mapping[str, Any] | None) -> AlarmConfig:
+    """The alarm rule's settings from an :class:`AlarmConfig`, a dict of some of its fields (numpy
+    scalars welcome; the rest default) or None (all defaults). An unknown name is an error."""
+    if value is None:
+        return AlarmConfig()
+    if isinstance(value, AlarmConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"alarm_config must be an AlarmConfig, a dict of its fields or None, "
+                        f"got {type(value).__name__}")
+    known = [f.name for f in fields(AlarmConfig)]
+    unknown = sorted(str(k) for k in value if k not in known)
+    if unknown:
+        raise ValueError(f"alarm_config: unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    # numpy scalars -> Python numbers (AlarmConfig checks int/float; np.float32 is neither)
+    plain = {k: v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v
+             for k, v in value.items()}
+    return AlarmConfig(**plain)
 
 
 @dataclass(frozen=True)
@@ -48,6 +71,8 @@ class MonitorSettings:
     initial_step: int | None = None
     on_event: Callable[[dict[str, Any]], Any] | None = None
     retry_initial: float = 1.0
+    alarms: bool = True
+    alarm_config: AlarmConfig | Mapping[str, Any] | None = None  # normalised: None iff not alarms
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -67,6 +92,12 @@ class MonitorSettings:
         if self.abort_checkpoint is not None:
             set_(self, "abort_checkpoint", os.fspath(self.abort_checkpoint))
         set_(self, "config", dict(self.config or {}))
+        if not (isinstance(self.alarms, bool) or type(self.alarms).__name__ == "bool_"):
+            raise TypeError(f"alarms must be True or False, got {self.alarms!r}")
+        set_(self, "alarms", bool(self.alarms))
+        if not self.alarms and self.alarm_config is not None:
+            raise ValueError("alarm_config was given with alarms=False: drop one of them")
+        set_(self, "alarm_config", alarm_config_of(self.alarm_config) if self.alarms else None)
 
 
 class Segment:
@@ -93,11 +124,13 @@ class Segment:
         self.initial_step = initial_step
         self.steps_per_epoch = steps_per_epoch
         self.rank, world_size = distributed()
+        config = settings.alarm_config
         header = header_fields(
             cell=cell, config=settings.config, log_interval=settings.log_interval, rank=self.rank,
             world_size=world_size, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
             steps_per_epoch_unknown=steps_per_epoch_unknown, initial_step=initial_step,
             initial_step_from=initial_step_from,
+            alarm_rule=config.as_dict() if isinstance(config, AlarmConfig) else None,
         )
         paths = ([settings.log_file] if self.rank == 0 else []) + (
             [rank_log_path(settings.log_file, self.rank)] if settings.per_rank else [])
@@ -116,6 +149,7 @@ class Segment:
             abort_after=settings.abort_after, on_event=settings.on_event,
             save_checkpoint=self._save_abort_checkpoint if saves else None, on_stop=on_stop,
             layer_stats_every=settings.layer_stats_every, layer_top_k=settings.layer_top_k,
+            alarm_rule=AlarmRule(config) if isinstance(config, AlarmConfig) and self.writers else None,
         )
         self.bind(cell, optimizer)
         self._sampler: Any = None
@@ -150,6 +184,7 @@ class Segment:
             self.logger.flush()
         except Exception as exc:  # the device may be gone after a crash; the end record matters more
             _log.warning("gradmon: could not read the last steps: %s", exc)
+        self.logger.finish()  # the open incident's alarm_end, before the end record
         final = status or ("aborted" if self.logger.aborted else "finished")
         for w in self.writers:
             w.close(final, steps=self.logger.step)

@@ -2,7 +2,8 @@
 
 It owns the read interval (a non-log step costs a counter, a list append and a timestamp: no
 device read), the one read per log step (the step cell's device history, else the last step's
-outputs), the records built from it (:mod:`gradmon.records`), their events, the abort policy, the
+outputs), the records built from it (:mod:`gradmon.records`), their events, the abort policy, the alarm
+rule (:mod:`gradmon.alarms`, at full resolution: it sees every step record written), the
 ``on_event`` hook and the layer statistics. The step cell, the learning-rate reader and the step
 outputs are duck-typed (docs/design.md's cell contract), so all of this is tested without
 MindSpore (tests/test_steplog.py); :class:`gradmon.callback.LiveMonitor` adapts MindSpore's
@@ -16,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Protocol
 
+from gradmon.alarms import AlarmRule
 from gradmon.outputs import parse_step_outputs
 from gradmon.records import (
     DYNAMIC_MIN_LOSS_SCALE,
@@ -64,6 +66,8 @@ class StepLogger:
         save_checkpoint: called on abort; returns ``(path or None, note for the message)``.
         on_stop: called when the abort policy fires (e.g. ``run_context.request_stop``).
         layer_stats_every, layer_top_k: a ``layers`` record every N steps from ``cell.gradmon_layer_stats``.
+        alarm_rule: judges every step record written and every ``abort``; its ``alarm`` /
+            ``alarm_end`` events are written too (None: no alarms). :meth:`finish` ends it.
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class StepLogger:
         on_stop: Callable[[], Any] | None = None,
         layer_stats_every: int = 0,
         layer_top_k: int = 10,
+        alarm_rule: AlarmRule | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.sinks = list(sinks)
@@ -99,6 +104,7 @@ class StepLogger:
         self.on_stop = on_stop
         self.layer_stats_every = int(layer_stats_every)
         self.layer_top_k = int(layer_top_k)
+        self.alarm_rule = alarm_rule
         self._clock = clock
         self._bad = BadStepCounter(abort_after)
         self.aborted = False
@@ -221,16 +227,29 @@ class StepLogger:
 
     def write_steps(self, records: Sequence[dict[str, Any]]) -> None:
         """Every step record passes here, in step order: classified, written, followed by its
-        events, and counted by the abort policy. (Per-step rules, e.g. alarms, belong here.)"""
+        events and the alarm rule's, and counted by the abort policy."""
         for record in records:
             classify_step(record)
             self.emit(record)
             for event in events_for_step(record, record.get("ts")):
                 self.emit(event)
+            self._judge(record)
             # One history read can hold more bad steps than the limit: the abort belongs to the
             # step that reached it, with that step's count, right after that step's record.
             if self._bad.update(abort_vote(record, self.overflow_floor)) and not self.aborted:
                 self._abort(record["step"], self._bad.consecutive)
+
+    def _judge(self, record: Mapping[str, Any]) -> None:
+        """Write the alarm rule's events for ``record`` (a step record or an ``abort``)."""
+        if self.alarm_rule is not None and self.sinks:
+            for event in self.alarm_rule.update(record):
+                self.emit(event)
+
+    def finish(self) -> None:
+        """The segment ends: write the ``alarm_end`` of the open incident, if any (before ``end``)."""
+        if self.alarm_rule is not None and self.sinks:
+            for event in self.alarm_rule.finish():
+                self.emit(event)
 
     def emit(self, record: Mapping[str, Any]) -> None:
         """Write one record to every open sink; an ``event`` then goes to ``on_event`` too."""
@@ -265,6 +284,7 @@ class StepLogger:
         if checkpoint:
             event["checkpoint"] = checkpoint
         self.emit(event)
+        self._judge(event)
         self.aborted = True
         if self.on_stop is not None:
             self.on_stop()

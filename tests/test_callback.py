@@ -298,8 +298,9 @@ def test_on_event_gets_every_event_written_and_its_failure_never_stops_training(
     monitor = LiveMonitor(path, log_interval=3, abort_after=2, on_event=hook)
     Model(cell).train(1, dataset(8, nan_steps=[2, 5, 6]), callbacks=[monitor])
     written = [r for r in records(path) if r["type"] == "event"]
-    assert [(e["kind"], e["step"]) for e in written] == [("nonfinite", 2), ("nonfinite", 5), ("nonfinite", 6),
-                                                        ("abort", 6)]
+    # the alarm rule's events too: one incident (steps 2-6, the abort joining it), ended at close
+    assert [(e["kind"], e["step"]) for e in written] == [("nonfinite", 2), ("alarm", 2), ("nonfinite", 5),
+                                                        ("nonfinite", 6), ("abort", 6), ("alarm_end", 6)]
     assert [(e["kind"], e["step"]) for e in seen] == [(e["kind"], e["step"]) for e in written]
     assert seen[0]["loss"] != seen[0]["loss"]  # the record as written: NaN loss, as a float
     assert sum("on_event" in r.message for r in caplog.records) == 1  # logged once

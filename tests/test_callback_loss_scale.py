@@ -89,7 +89,9 @@ def test_a_nonfinite_loss_aborts_a_loss_scaled_run(tmp_path):
     recs = records(path)
     abort = [r for r in recs if r.get("kind") == "abort"]
     assert len(abort) == 1 and abort[0]["step"] == 5 and recs[-1]["status"] == "aborted"
-    assert {r["kind"] for r in recs if r["type"] == "event"} == {"nonfinite", "abort"}
+    assert {r["kind"] for r in recs if r["type"] == "event"} == {"nonfinite", "abort", "alarm", "alarm_end"}
+    (alarm,) = [r for r in recs if r.get("kind") == "alarm"]  # one incident, the abort joining it
+    assert (alarm["step"], alarm["reason"]) == (1, "nonfinite")
     assert executed == list(range(1, 9))  # the next log step (8) is where the monitor learns of it
 
 
@@ -122,7 +124,8 @@ def test_mindspore_loss_scale_cell_outputs(tmp_path):
     assert steps[3]["skipped"] is True and steps[3]["nonfinite"] is True
     assert steps[3]["skip_reason"] == "nonfinite"
     assert steps[4]["loss_scale"] == 2.0**11 and "skipped" not in steps[4]  # scale halved, training goes on
-    assert [r["kind"] for r in recs if r["type"] == "event"] == ["nonfinite"]
+    events = [(r["kind"], r["step"]) for r in recs if r["type"] == "event"]
+    assert events == [("nonfinite", 3), ("alarm", 3), ("alarm_end", 3)]  # the incident ends with the run
 
 
 def test_mindspore_loss_scale_cell_overflow_is_a_skip(tmp_path):

@@ -1,5 +1,5 @@
 """StepLogger alone, without MindSpore: read interval, history vs outputs, alignment, abort policy,
-``on_event``, sink-mode epochs, layer stats (fake step cells, writers, clock)."""
+``on_event``, sink-mode epochs, layer stats, the alarm rule's wiring (fake step cells, writers, clock)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import types
 
 import numpy as np
 
+from gradmon.alarms import AlarmConfig, AlarmRule
 from gradmon.steplog import StepLogger
 
 FIELDS = ("loss", "grad_norm", "skipped", "nonfinite")
@@ -209,3 +210,83 @@ def test_steplog_does_not_import_mindspore():
     code = "import sys, gradmon.steplog, gradmon.records, gradmon.runlog; print('mindspore' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"
+
+
+# -- the alarm rule -------------------------------------------------------------------------------
+
+
+def _kinds(sink: Sink) -> list[tuple]:
+    return [(r["type"], r.get("kind"), r.get("step")) for r in sink.records]
+
+
+def test_alarm_events_follow_each_step_and_its_events_and_reach_on_event():
+    sink, cell, clock = Sink(), RingCell(), Clock()
+    seen: list[dict] = []
+    rule = AlarmRule(AlarmConfig(window=8, min_history=4, quiet_steps=3))
+    logger = StepLogger([sink], log_interval=4, cell=cell, alarm_rule=rule, on_event=seen.append, clock=clock)
+    run_steps(logger, cell, clock, 6, norm=1.0)
+    run_steps(logger, cell, clock, 1, norm=50.0)  # step 7: 50x the median and the envelope
+    run_steps(logger, cell, clock, 1, loss=math.nan)  # step 8 joins the incident
+    run_steps(logger, cell, clock, 4, norm=1.0)  # 12 - 8 > quiet_steps: the incident ends at step 12
+    kinds = _kinds(sink)
+    at = kinds.index(("event", "alarm", 7))
+    assert kinds[at - 1] == ("step", None, 7)
+    assert kinds[at + 1:at + 3] == [("step", None, 8), ("event", "nonfinite", 8)]  # no second alarm
+    (alarm,) = [e for e in sink.of("event") if e["kind"] == "alarm"]
+    assert (alarm["reason"], alarm["value"], alarm["baseline"]) == ("grad_norm_spike", 50.0, 1.0)
+    (end,) = [e for e in sink.of("event") if e["kind"] == "alarm_end"]
+    assert kinds[kinds.index(("event", "alarm_end", 8)) - 1] == ("step", None, 12)  # judged with step 12
+    assert (end["start"], end["flagged"], end["reasons"]) == (7, 2, {"grad_norm_spike": 1, "nonfinite": 1})
+    assert [(e["kind"], e["step"]) for e in seen] == [(e["kind"], e["step"]) for e in sink.of("event")]
+    assert [e["kind"] for e in seen] == ["alarm", "nonfinite", "alarm_end"]
+    logger.finish()
+    assert len(sink.records) == len(kinds)  # nothing open: finish writes nothing
+
+
+def test_an_abort_goes_through_the_rule_and_finish_ends_the_incident_once():
+    # Skipped updates (e.g. the spike rule's) with finite values: the rule flags none of them, so
+    # the abort opens the incident itself, right after the abort event.
+    sink, cell, clock = Sink(), RingCell(), Clock()
+    logger = StepLogger([sink], log_interval=1, cell=cell, abort_after=2, alarm_rule=AlarmRule(), clock=clock)
+    run_steps(logger, cell, clock, 3)
+    run_steps(logger, cell, clock, 2, skipped=True)
+    kinds = _kinds(sink)
+    assert kinds[-4:] == [("step", None, 5), ("event", "skip", 5), ("event", "abort", 5),
+                          ("event", "alarm", 5)]
+    alarm = sink.records[-1]
+    assert alarm["reason"] == "abort"
+    assert alarm["message"].startswith("run aborted: training aborted at step 5")
+    logger.finish()
+    logger.finish()
+    (end,) = [e for e in sink.of("event") if e["kind"] == "alarm_end"]
+    assert (end["start"], end["step"], end["flagged"], end["reasons"]) == (5, 5, 1, {"abort": 1})
+
+
+def test_an_abort_joins_the_open_incident():
+    sink, cell, clock = Sink(), RingCell(), Clock()
+    logger = StepLogger([sink], log_interval=3, cell=cell, abort_after=3, alarm_rule=AlarmRule(), clock=clock)
+    run_steps(logger, cell, clock, 3, loss=math.nan)
+    logger.finish()
+    events = [(e["kind"], e["step"]) for e in sink.of("event")]
+    assert events == [("nonfinite", 1), ("alarm", 1), ("nonfinite", 2), ("nonfinite", 3), ("abort", 3),
+                      ("alarm_end", 3)]
+    assert sink.of("event")[-1]["reasons"] == {"nonfinite": 3, "abort": 1}
+
+
+def test_hand_logged_steps_pass_the_rule_and_without_a_rule_nothing_alarms():
+    for rule in (AlarmRule(), None):
+        sink = Sink()
+        logger = StepLogger([sink], alarm_rule=rule)
+        logger.log_step(1, {"loss": 1.0})
+        logger.log_step(2, {"loss": math.inf})
+        logger.finish()
+        kinds = [e["kind"] for e in sink.of("event")]
+        assert kinds == (["nonfinite", "alarm", "alarm_end"] if rule else ["nonfinite"])
+
+
+def test_a_rank_without_writers_does_not_run_the_rule():
+    cell, clock = RingCell(), Clock()
+    rule = AlarmRule()
+    logger = StepLogger([], log_interval=1, cell=cell, abort_after=1, alarm_rule=rule, clock=clock)
+    run_steps(logger, cell, clock, 1, loss=math.nan)
+    assert logger.aborted and rule.incident is None
