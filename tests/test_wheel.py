@@ -248,8 +248,10 @@ def test_wheel_in_a_fresh_venv_without_node_serves_the_full_page(fresh_venv, tmp
         assert request(port, "/static/echarts.min.js")[0] == 200
         with opened(server.url) as (page, bad):
             page.wait("window.gradmon && window.gradmon.pointCount('exp1', 'loss') === 20", 30)
-            assert page.eval("window.gradmon.panels()")[:2] == ["loss", "grad_norm"]
-            assert page.page.locator(".chart-card canvas").count() >= 2
+            # The board lays its charts out on the next frames (and draws those near the viewport).
+            panels = page.wait("window.gradmon.panels().length >= 2 && window.gradmon.panels()", 30)
+            assert panels[:2] == ["loss", "grad_norm"]
+            page.wait("document.querySelectorAll('.chart-card canvas').length >= 2", 30)
             assert page.eval("window.gradmon.state.connection") == "connected"
         assert bad == [] and page.errors == []
     finally:
