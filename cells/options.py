@@ -12,6 +12,7 @@ import numbers
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .norm_plan import NORM_STRATEGIES
 from .spike import SpikeConfig
 
 __all__ = ["StepOptions"]
@@ -49,6 +50,8 @@ class StepOptions:
     history_size: int = 1024
     local_norm: bool = False
     layer_stats: bool = False
+    norm_strategy: str = "auto"
+    shard_group: str | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once, here
@@ -65,6 +68,11 @@ class StepOptions:
         set_(self, "history_size", int(self.history_size))
         for name in ("skip_nonfinite", "local_norm", "layer_stats"):
             set_(self, name, _flag(name, getattr(self, name)))
+        if self.norm_strategy not in NORM_STRATEGIES:
+            raise ValueError(f"norm_strategy must be one of {NORM_STRATEGIES}, got {self.norm_strategy!r}")
+        if self.shard_group is not None and not (isinstance(self.shard_group, str) and self.shard_group):
+            raise TypeError("shard_group must be the name of a communication group (a non-empty str) "
+                            f"or None, got {self.shard_group!r}")
         if _is_int(self.spike_warmup):
             set_(self, "spike_warmup", int(self.spike_warmup))
         for name in ("spike_alpha", "spike_z"):
