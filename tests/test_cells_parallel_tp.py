@@ -33,8 +33,8 @@ def _shard(name: str, full: np.ndarray, rank: int) -> np.ndarray:
 @pytest.mark.distributed
 def test_sharded_norm_equals_unsharded_reference_on_every_rank(tmp_path):
     out = tmp_path / "tp"
-    ref = subprocess.run([sys.executable, str(SCRIPT), str(out), "--reference"], cwd=tmp_path, env=worker_env(),
-                         capture_output=True, text=True, timeout=300)
+    ref = subprocess.run([sys.executable, str(SCRIPT), str(out), "--reference"], cwd=tmp_path,
+                         env=worker_env(), capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
     run_msrun(SCRIPT, [str(out)], tmp_path, timeout=600)
     reference = json.loads((tmp_path / "tp.reference.json").read_text())["standalone"]
@@ -46,13 +46,14 @@ def test_sharded_norm_equals_unsharded_reference_on_every_rank(tmp_path):
     for mode in ("standalone", "data_parallel"):
         runs = [r[mode] for r in ranks]
         for rank, run in enumerate(runs):
-            assert run["config"] == {"parallel_mode": "stand_alone" if mode == "standalone" else "data_parallel",
-                                     "device_num": 2, "norm_strategy": "flat", "shard_group": "tp",
-                                     "sharded_params": 3}, (mode, rank)
+            parallel_mode = "stand_alone" if mode == "standalone" else "data_parallel"
+            assert run["config"] == {"parallel_mode": parallel_mode, "device_num": 2, "norm_strategy": "flat",
+                                     "shard_group": "tp", "sharded_params": 3}, (mode, rank)
             # The reported norm is the unsharded model's, on every rank, to 1e-6.
-            np.testing.assert_allclose(run["norms"][:3], ref_norms[:3], rtol=1e-6, err_msg=f"{mode} rank {rank}")
+            np.testing.assert_allclose(run["norms"][:3], ref_norms[:3], rtol=1e-6, err_msg=f"{mode} {rank}")
             np.testing.assert_allclose(run["grad_norm"][:3], ref_norms[:3], rtol=1e-6)
-            np.testing.assert_allclose([run["functional"], run["functional_jit"]], [ref_norms[0]] * 2, rtol=1e-6)
+            functional = [run["functional"], run["functional_jit"]]
+            np.testing.assert_allclose(functional, [ref_norms[0]] * 2, rtol=1e-6)
             # Clipping engages on step 3 only, with the reference's coefficient.
             np.testing.assert_allclose(run["clip_coef"], reference["clip_coef"], rtol=1e-6)
             assert run["clipped"] == reference["clipped"] == [0.0, 0.0, 1.0, 0.0]
@@ -63,9 +64,9 @@ def test_sharded_norm_equals_unsharded_reference_on_every_rank(tmp_path):
             for step in range(4):
                 for name, value in run["weights"][step].items():
                     expected = _shard(name, np.asarray(reference["weights"][step][name]), rank)
-                    np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6, err_msg=f"{name} {step}")
+                    np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6, err_msg=name)
             assert run["weights"][3] == run["weights"][2]
-            # Per-parameter norms of the sharded weights are the whole weights' (finite ones compared).
+            # Per-parameter norms of sharded weights are the whole weights' (finite ones compared).
             for name, value in run["layers"].items():
                 if math.isfinite(reference["layers"][name]):
                     np.testing.assert_allclose(value, reference["layers"][name], rtol=1e-5, err_msg=name)

@@ -29,7 +29,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gradmon.cells import MonitoredTrainStep, global_norm  # noqa: E402
+from gradmon.cells import MonitoredTrainStep, global_norm
 
 D_IN, D_HID, D_WIDE, CLASSES, BATCH, STEPS = 16, 16, 32, 10, 8, 4
 MAX_NORM = 5.0
