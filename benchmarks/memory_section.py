@@ -117,8 +117,7 @@ def measure(model: str, variant: str, warmup: int, steps: int) -> dict[str, Any]
         out = cell(x, y)
     sync(out)
     peak = _status_bytes("VmHWM")
-    grad_bytes = sum(int(np.prod(p.shape)) * np.dtype(ms.dtype_to_nptype(p.dtype)).itemsize
-                     for p in net.trainable_params())
+    grad_bytes = sum(int(np.prod(p.shape)) * int(p.itemsize) for p in net.trainable_params())
     return {"model": model, "variant": variant, "params": M.count_params(net), "grad_bytes": grad_bytes,
             "norm_strategy": strategy, "rss_before_bytes": before, "peak_bytes": peak,
             "compiled_bytes": compiled, "runtime_bytes": peak - compiled,

@@ -237,8 +237,7 @@ class GlobalNorm(nn.Cell):
         """Choose the strategy for these weights (see :func:`choose_strategy`) and build the cell."""
         shapes = [tuple(w.shape) for w in weights]
         numel = sum(int(np.prod(s)) for s in shapes)
-        grad_bytes = sum(int(np.prod(w.shape)) * np.dtype(ms.dtype_to_nptype(w.dtype)).itemsize
-                         for w in weights)
+        grad_bytes = sum(int(np.prod(w.shape)) * int(w.itemsize) for w in weights)
         largest = max([0, *(int(np.prod(s)) for s in shapes)])
         strategy = choose_strategy(requested, setup.compiler_completes, numel, grad_bytes,
                                    requested == "fused" or fused_available(), per_tensor, largest)
