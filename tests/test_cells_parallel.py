@@ -29,24 +29,7 @@ from gradmon.cells.parallel import (
 from mindspore import Parameter, Tensor, nn, ops
 
 from examples.models import TinyTransformer, with_loss
-
-MODES = {"GRAPH": ms.GRAPH_MODE, "PYNATIVE": ms.PYNATIVE_MODE}
-
-
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    old = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=old)
-
-
-@pytest.fixture
-def graph_mode():
-    old = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=old)
+from tests.test_cells_train_step import graph_mode, mode  # noqa: F401 - the GRAPH/PYNATIVE fixtures
 
 
 @pytest.fixture
@@ -120,7 +103,7 @@ _BASE = {"pipeline_stages": 1, "sharded": (False, False), "pynative_shard": (), 
          "comm_initialized": False, "norm_strategy": "auto"}
 
 
-@pytest.mark.parametrize(("mode", "changes", "match"), [
+@pytest.mark.parametrize(("parallel_mode", "changes", "match"), [
     ("hybrid_parallel", {}, r"parallel_mode='hybrid_parallel'.*supported: stand_alone and data_parallel"),
     ("stand_alone", {"sharded": (True, False)},
      r"1 parameter\(s\) are marked layerwise_parallel=True.*pass shard_group="),
@@ -135,18 +118,18 @@ _BASE = {"pipeline_stages": 1, "sharded": (False, False), "pynative_shard": (), 
     ("semi_auto_parallel", {"shard_group": "tp"}, r"shards parameters by strategy"),
     ("stand_alone", {"pynative_shard": ("w",)}, r"PyNative shard\(\) \(w\)"),
 ])
-def test_refused_configurations_name_the_mode_and_what_is_supported(mode, changes, match):
+def test_refused_configurations_name_the_mode_and_what_is_supported(parallel_mode, changes, match):
     with pytest.raises(UnsupportedParallelError, match=match):
-        check_parallel(mode, **{**_BASE, **changes})
+        check_parallel(parallel_mode, **{**_BASE, **changes})
 
 
-@pytest.mark.parametrize(("mode", "changes"), [
+@pytest.mark.parametrize(("parallel_mode", "changes"), [
     ("stand_alone", {}), ("data_parallel", {}),
     ("data_parallel", {"shard_group": "tp", "sharded": (True, False), "comm_initialized": True}),
     ("semi_auto_parallel", {"pipeline_stages": 4}), ("auto_parallel", {"norm_strategy": "per_tensor"}),
 ])
-def test_supported_configurations_pass(mode, changes):
-    check_parallel(mode, **{**_BASE, **changes})
+def test_supported_configurations_pass(parallel_mode, changes):
+    check_parallel(parallel_mode, **{**_BASE, **changes})
 
 
 # ------------------------------------------------------------------------ refusals (step cells)
@@ -231,7 +214,8 @@ def _ref(net: nn.Cell, x, y) -> tuple[float, np.ndarray]:
 
 
 @pytest.mark.parametrize("scaled", [False, True])
-def test_every_strategy_gives_the_same_norm_on_real_gradients(mode, scaled, monkeypatch):
+@pytest.mark.usefixtures("mode")
+def test_every_strategy_gives_the_same_norm_on_real_gradients(scaled, monkeypatch):
     # Tiny buckets, so the bucketed plan concatenates, slices and chains on this small model.
     monkeypatch.setattr(norm_strategies, "bucket_bytes_for", lambda _bytes: 4096)
     x, y = _batch()
@@ -313,7 +297,8 @@ def _parse_graphs(text: str) -> list[dict]:
     return graphs
 
 
-def test_per_tensor_form_carries_grad_scale_and_nothing_reshapes_before_the_square(tmp_path, graph_mode):
+@pytest.mark.usefixtures("graph_mode")
+def test_per_tensor_form_carries_grad_scale_and_nothing_reshapes_before_the_square(tmp_path):
     # With loss scaling and layer_stats: the unscaling Mul and the per-tensor vector are on the way too.
     ms.set_context(save_graphs=True, save_graphs_path=str(tmp_path))
     try:
@@ -372,7 +357,8 @@ class _Tied(nn.Cell):
         return self.head(self.mid(self.embed(x)))
 
 
-def test_tied_parameter_counts_once_and_on_its_first_pipeline_stage(graph_mode):
+@pytest.mark.usefixtures("graph_mode")
+def test_tied_parameter_counts_once_and_on_its_first_pipeline_stage():
     net = _Tied()
     weights = net.trainable_params()
     assert [w.name for w in weights].count(net.embed.weight.name) == 1
@@ -396,7 +382,8 @@ def test_tied_parameter_counts_once_and_on_its_first_pipeline_stage(graph_mode):
 
 
 @pytest.mark.parametrize("strategy", ["flat", "bucketed", "per_tensor"])
-def test_uncounted_copies_leave_the_sum_but_keep_their_layer_entry(mode, strategy):
+@pytest.mark.usefixtures("mode")
+def test_uncounted_copies_leave_the_sum_but_keep_their_layer_entry(strategy):
     from gradmon.cells.norm_strategies import GlobalNorm
     from gradmon.cells.parallel import ParallelSetup
 
