@@ -36,6 +36,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any] | None]] = {
 
 MODELS: dict[str, dict[str, Any]] = {
     "mlp": {"factory": "MLP", "kwargs": {}, "batch": 32},
+    "tiny_transformer": {"factory": "TinyTransformer", "kwargs": {}, "batch": 32},
     "transformer_20m": {"factory": "transformer_20m", "kwargs": {}, "batch": 32},
     # ~151M parameters: TinyTransformer(d_model=1024, heads=16, layers=12, ff=4096).
     "transformer_150m": {"factory": "TinyTransformer", "batch": 8,

@@ -9,7 +9,7 @@ Strategies (``norm_strategy``):
 - ``"flat"``: every gradient concatenated into one float32 vector, squared, summed: three kernels
   however many tensors (fastest on small models), but an extra copy of all gradients (and a
   squared copy) in memory.
-- ``"bucketed"``: the same over pieces of at most a bucket (a quarter of the bound; consecutive small tensors
+- ``"bucketed"``: the same over pieces of at most a bucket (an eighth of the bound; consecutive small tensors
   concatenated, large ones cut into slices), run one after the other so each piece's buffers are
   free before the next is built: bounded extra memory at any model size.
 - ``"per_tensor"``: ``ReduceSum(Square(Cast(g)))`` per tensor through an ``ExpandDims`` carrying
@@ -31,11 +31,11 @@ MIB = 2**20
 # The extra peak memory the norm may cost over nn.TrainOneStepCell: max(64 MiB, 5 % of the gradients).
 BOUND_FLOOR_BYTES = 64 * MIB
 BOUND_FRACTION = 0.05
-# Float32 bytes of one bucket, at least: two buffers of a bucket are alive at a time (the piece and its
-# square; a third, the unscaled copy, under loss scaling), so a quarter of the bound fits it; larger
-# models get larger buckets (a quarter of 5 % of their gradients), which keeps the piece count (and
-# the kernels per step) near 80 at any size.
-BUCKET_BYTES = 16 * MIB
+# Float32 bytes of one bucket, at least: two or three buffers of a bucket are alive at a time (the
+# piece, its square, the unscaled copy under loss scaling) beside what the compiler keeps of the
+# graph, so an eighth of the bound; larger models get larger buckets (an eighth of 5 % of their
+# gradients), which keeps the piece count, and the kernels per step, under ~200 at any size.
+BUCKET_BYTES = 8 * MIB
 # Live float32 buffers of the flat form per gradient value: the concatenation, the unscaled copy
 # (loss scaling) and the square; layer_stats adds the int32 segment ids.
 _FLAT_BUFFERS = 3

@@ -31,7 +31,10 @@ def _f32(g: Tensor) -> Tensor:
 
 def flat_fp32(grads: Any) -> Tensor:
     """All of ``grads`` as one float32 vector (fp16/bf16 are cast before anything is squared)."""
-    return ops.concat([_f32(g.reshape(-1)) for g in grads])
+    views = []
+    for g in grads:  # a loop, not a comprehension: see bucketed_square_sums
+        views.append(_f32(g.reshape(-1)))
+    return ops.concat(views)
 
 
 def segment_ids_for(shapes: Any) -> Tensor:
@@ -143,18 +146,17 @@ def bucketed_square_sums(grads: Any, inv_scale: Any, plan: Any, fused_op: Any = 
     for cls, pieces in plan:
         for first, stop, lo, hi in pieces:
             if fused_op is not None:
-                parts = ()
+                parts = []
                 for i in range(first, stop):
-                    # Tuple concatenation, not unpacking: GRAPH mode's parser handles the former.
-                    parts = parts + ((grads[i] if prev is None else _depend(grads[i], prev)),)  # noqa: RUF005
+                    parts.append(grads[i] if prev is None else _depend(grads[i], prev))
                 prev = fused_op(ops.ones((), ms.float32) if inv_scale is None else inv_scale, *parts)
             else:
-                views = ()
+                views = []
                 for i in range(first, stop):
                     g = _reshape(grads[i] if prev is None else _depend(grads[i], prev), (-1,))
                     if lo >= 0:
                         g = _slice(g, (lo,), (hi - lo,))
-                    views = views + ((g if g.dtype == ms.float32 else _cast(g, ms.float32)),)  # noqa: RUF005
+                    views.append(g if g.dtype == ms.float32 else _cast(g, ms.float32))
                 x = _concat(views) if len(views) > 1 else views[0]
                 if inv_scale is not None:
                     x = _mul(x, inv_scale)
@@ -274,6 +276,5 @@ class GlobalNorm(nn.Cell):
 
 
 def bucket_bytes_for(grad_fp32_bytes: int) -> int:
-    """Bytes of one bucket: a quarter of the memory bound (two live buffers, and the unscaled copy
-    under loss scaling), at least :data:`BUCKET_BYTES`."""
-    return max(BUCKET_BYTES, memory_bound(grad_fp32_bytes) // 4)
+    """Bytes of one bucket: an eighth of the memory bound, at least :data:`BUCKET_BYTES`."""
+    return max(BUCKET_BYTES, memory_bound(grad_fp32_bytes) // 8)
