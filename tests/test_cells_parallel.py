@@ -398,3 +398,37 @@ def test_uncounted_copies_leave_the_sum_but_keep_their_layer_entry(strategy):
         np.testing.assert_allclose(float(norm.asnumpy()), np.sqrt((sq[0] + sq[2]) / 4), rtol=1e-6)
         if per_tensor:
             np.testing.assert_allclose(vec.asnumpy(), np.array(sq) / 4, rtol=1e-6)
+
+
+@pytest.mark.usefixtures("mode")
+def test_fused_slot_runs_the_kernel_where_it_is_built(monkeypatch):
+    """With a stand-in ``gradmon.cells.fused_norm`` module, ``norm_strategy="fused"`` runs its op."""
+    import sys
+    import types
+
+    import gradmon.cells as cells_pkg
+
+    calls = []
+
+    def fused_square_sum(scale, *grads):
+        calls.append(len(grads))  # PYNATIVE runs this Python; GRAPH mode compiles it
+        total = ops.reduce_sum(ops.square(ops.cast(grads[0], ms.float32)))
+        for g in grads[1:]:
+            total = total + ops.reduce_sum(ops.square(ops.cast(g, ms.float32)))
+        return scale * scale * total
+
+    fake = types.ModuleType("gradmon.cells.fused_norm")
+    fake.fused_norm_available = lambda: True
+    fake.fused_square_sum = fused_square_sum
+    monkeypatch.setitem(sys.modules, "gradmon.cells.fused_norm", fake)
+    monkeypatch.setattr(cells_pkg, "fused_norm", fake, raising=False)
+    x, y = _batch()
+    ref_norm, _ = _ref(_net(), x, y)
+    net = with_loss(_net())
+    cell = MonitoredTrainStepWithLossScale(net, nn.SGD(net.trainable_params(), 0.0), Tensor(np.float32(64.0)),
+                                           norm_strategy="fused")
+    assert cell.gradmon_config()["norm_strategy"] == "fused"
+    _, norm = cell(x, y)
+    np.testing.assert_allclose(float(norm.asnumpy()), ref_norm, rtol=2e-6)
+    if ms.get_context("mode") == ms.PYNATIVE_MODE:
+        assert calls == [len(net.trainable_params())], "one call over all gradients"
