@@ -23,7 +23,7 @@ Strategies (``norm_strategy``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 NORM_STRATEGIES = ("auto", "flat", "bucketed", "per_tensor", "fused")
 
@@ -58,12 +58,14 @@ def flat_extra_bytes(numel: int, layer_stats: bool = False) -> int:
 
 
 def choose_strategy(requested: str, compiler_completes: bool, numel: int, grad_bytes: int,
-                    fused_available: bool, layer_stats: bool = False, largest_numel: int = 0) -> str:
+                    fused_available: bool | Callable[[], bool], layer_stats: bool = False,
+                    largest_numel: int = 0) -> str:
     """The strategy that runs. ``requested`` must be one of :data:`NORM_STRATEGIES`.
 
     ``compiler_completes``: semi_auto/auto parallel, where only ``per_tensor`` is right (the caller
     refuses any other explicit request). ``numel``/``grad_bytes``: the gradients' value count and
     bytes in their own dtypes; ``largest_numel``: the largest gradient's value count.
+    ``fused_available`` may be a callable, asked only when the choice comes to the fused kernel.
 
     ``auto``: ``flat`` while its extra memory fits the bound (small models: fewest kernels), then
     ``fused`` where built, then ``per_tensor`` (measured the smallest extra memory of all forms:
@@ -79,7 +81,7 @@ def choose_strategy(requested: str, compiler_completes: bool, numel: int, grad_b
     bound = memory_bound(grad_bytes)
     if flat_extra_bytes(numel, layer_stats) <= bound:
         return "flat"
-    if fused_available:
+    if fused_available() if callable(fused_available) else fused_available:
         return "fused"
     return "per_tensor" if 4 * int(largest_numel) <= bound else "bucketed"
 

@@ -177,11 +177,13 @@ def fused_available() -> bool:
     return bool(fused_norm_available())
 
 
-def fused_op() -> Any:
-    """The fused kernel: ``op(scale, *grads) -> scale**2 * sum(g**2)``, float32 (accumulated in float64)."""
+def fused_ops() -> tuple:
+    """The fused kernel's primitives (``gradmon.cells.fused_norm``): ``op(scale, *grads)`` giving
+    ``scale**2 * sum(g**2)`` as a float32 scalar, and the same per tensor ``[len(grads)]``, both
+    accumulated in float64 in one pass."""
     from . import fused_norm  # type: ignore[attr-defined]
 
-    return fused_norm.fused_square_sum  # the merge wires the fused module's op here
+    return fused_norm.FusedSquaredNorm(), fused_norm.FusedSquaredNorms()
 
 
 class GlobalNorm(nn.Cell):
@@ -222,7 +224,7 @@ class GlobalNorm(nn.Cell):
         self.each_tensor = strategy == "per_tensor" or (per_tensor and not self.flat)
         # A rank's own norm must not carry the grad_scale marker, or the compiler would complete it.
         self.marked = strategy == "per_tensor" and not local
-        self.fused_op = fused_op() if strategy == "fused" else None
+        self.fused_op, self.fused_each = fused_ops() if strategy == "fused" else (None, None)
         if bucket_bytes is None:
             bucket_bytes = bucket_bytes_for(sum(sizes) * 4)
         bucket = max(1, bucket_bytes // 4) if strategy == "bucketed" else max(1, sum(sizes))
@@ -241,8 +243,9 @@ class GlobalNorm(nn.Cell):
         numel = sum(int(np.prod(s)) for s in shapes)
         grad_bytes = sum(int(np.prod(w.shape)) * int(w.itemsize) for w in weights)
         largest = max([0, *(int(np.prod(s)) for s in shapes)])
+        # fused_available is asked only when the choice comes to it: it may build the kernel.
         strategy = choose_strategy(requested, setup.compiler_completes, numel, grad_bytes,
-                                   requested == "fused" or fused_available(), per_tensor, largest)
+                                   True if requested == "fused" else fused_available, per_tensor, largest)
         if strategy == "fused" and not fused_available():
             raise ValueError("norm_strategy='fused' needs the fused norm kernel (gradmon.cells.fused_norm), "
                              "which is not built or does not load here; use 'auto' or 'bucketed'")
@@ -261,13 +264,16 @@ class GlobalNorm(nn.Cell):
             if self.has_shard:
                 total = total + self.all_reduce(sharded)
             return ops.sqrt(total), total
-        sums = grad_scale_square_sums(grads, scale) if self.marked else tensor_square_sums(grads, scale)
-        if self.all_replicated and not self.per_tensor:
-            # The pattern of ops.clip_by_global_norm: marked sums -> AddN -> Sqrt (the compiler
-            # all-reduces the Sqrt's input).
-            total = ops.addn(sums).reshape(())
-            return ops.sqrt(total), total
-        vec = ops.concat(sums) if self.marked else ops.stack(sums)
+        if self.fused_each is not None:  # layer_stats with the fused kernel: one pass, per-tensor sums
+            vec = self.fused_each(ops.ones((), ms.float32) if scale is None else scale, *grads)
+        else:
+            sums = grad_scale_square_sums(grads, scale) if self.marked else tensor_square_sums(grads, scale)
+            if self.all_replicated and not self.per_tensor:
+                # The pattern of ops.clip_by_global_norm: marked sums -> AddN -> Sqrt (the compiler
+                # all-reduces the Sqrt's input).
+                total = ops.addn(sums).reshape(())
+                return ops.sqrt(total), total
+            vec = ops.concat(sums) if self.marked else ops.stack(sums)
         if self.has_shard:
             # One all-reduce of the per-tensor vector: the sharded entries become whole-tensor sums.
             vec = vec * self.rep_mask + self.all_reduce(vec * self.shard_mask)

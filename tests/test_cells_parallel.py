@@ -88,6 +88,9 @@ def test_auto_strategy_by_size_and_mode():
     assert choose_strategy("auto", False, small, 4 * small, False, largest_numel=small) == "flat"
     assert choose_strategy("auto", False, big, 4 * big, False, largest_numel=2**20) == "per_tensor"
     assert choose_strategy("auto", False, big, 4 * big, True, largest_numel=2**20) == "fused"
+    # Asking whether the fused kernel is there may build it: only when the choice comes to it.
+    assert choose_strategy("auto", False, small, 4 * small, lambda: pytest.fail("asked")) == "flat"
+    assert choose_strategy("auto", False, big, 4 * big, lambda: True, largest_numel=2**20) == "fused"
     # A single gradient whose square alone passes the bound: only slices bound it.
     assert choose_strategy("auto", False, big, 4 * big, False, largest_numel=30 * mib) == "bucketed"
     assert choose_strategy("flat", False, big, 4 * big, False) == "flat"
@@ -417,18 +420,27 @@ def test_fused_slot_runs_the_kernel_where_it_is_built(monkeypatch):
             total = total + ops.reduce_sum(ops.square(ops.cast(g, ms.float32)))
         return scale * scale * total
 
+    def fused_square_sums(scale, *grads):
+        return ops.stack([scale * scale * ops.reduce_sum(ops.square(ops.cast(g, ms.float32))) for g in grads])
+
+    # The interface of gradmon.cells.fused_norm: primitives built once, called as op(scale, *grads).
     fake = types.ModuleType("gradmon.cells.fused_norm")
     fake.fused_norm_available = lambda: True
-    fake.fused_square_sum = fused_square_sum
+    fake.FusedSquaredNorm = lambda: fused_square_sum
+    fake.FusedSquaredNorms = lambda: fused_square_sums
     monkeypatch.setitem(sys.modules, "gradmon.cells.fused_norm", fake)
     monkeypatch.setattr(cells_pkg, "fused_norm", fake, raising=False)
     x, y = _batch()
-    ref_norm, _ = _ref(_net(), x, y)
-    net = with_loss(_net())
-    cell = MonitoredTrainStepWithLossScale(net, nn.SGD(net.trainable_params(), 0.0), Tensor(np.float32(64.0)),
-                                           norm_strategy="fused")
-    assert cell.gradmon_config()["norm_strategy"] == "fused"
-    _, norm = cell(x, y)
-    np.testing.assert_allclose(float(norm.asnumpy()), ref_norm, rtol=2e-6)
+    ref_norm, ref_sq = _ref(_net(), x, y)
+    for layer_stats in (False, True):
+        net = with_loss(_net())
+        cell = MonitoredTrainStepWithLossScale(net, nn.SGD(net.trainable_params(), 0.0),
+                                               Tensor(np.float32(64.0)), norm_strategy="fused",
+                                               layer_stats=layer_stats)
+        assert cell.gradmon_config()["norm_strategy"] == "fused"
+        _, norm = cell(x, y)
+        np.testing.assert_allclose(float(norm.asnumpy()), ref_norm, rtol=2e-6)
+        if layer_stats:
+            np.testing.assert_allclose(cell.layer_sq.asnumpy(), ref_sq, rtol=2e-5, atol=1e-12)
     if ms.get_context("mode") == ms.PYNATIVE_MODE:
         assert calls == [len(net.trainable_params())], "one call over all gradients"
