@@ -134,6 +134,44 @@ def _norm(sec: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _mib(v: Any) -> str:
+    return _num(v, ".1f")
+
+
+def _memory(sec: dict[str, Any]) -> str:
+    out = []
+    descriptions = sec.get("variants", {})
+    for run in sec.get("runs", []):
+        variants, summary = run.get("variants", {}), run.get("summary", {})
+        plain = variants.get("plain", {})
+        title = f"#### {run.get('model')}"
+        if "params" in plain:
+            title += (f" ({plain['params']:,} params, gradients {plain['grad_bytes'] / 2**20:.1f} MiB; "
+                      f"bound {summary.get('bound_mib', 0):.0f} MiB)")
+        out.append(title + "\n")
+        rows = []
+        for name, v in variants.items():
+            if "error" in v:
+                rows.append([name, "—", "—", "—", "—", "—", "—", f"failed: {v['error']}"])
+                continue
+            s = summary.get(name, {})
+            p0 = plain.get("compiled_bytes", 0)
+            r0 = plain.get("runtime_bytes", 0)
+            rows.append([
+                name, v.get("norm_strategy") or "—", _mib(v["peak_bytes"] / 2**20),
+                _mib(s["extra_mib"]) if s else "0 (baseline)",
+                _mib((v["compiled_bytes"] - p0) / 2**20) if s else "",
+                _mib((v["runtime_bytes"] - r0) / 2**20) if s else "",
+                ("yes" if s["within_bound"] else "**no**") if s else "", descriptions.get(name, ""),
+            ])
+        out.append(table(["variant", "norm_strategy", "peak MiB", "extra MiB", "of which compiled graph",
+                          "of which runtime", "extra within bound", "what"], rows))
+        out.append("")
+    for n in sec.get("notes", []):
+        out.append(f"- {n}")
+    return "\n".join(out) + "\n"
+
+
 def _logging(sec: dict[str, Any]) -> str:
     out = []
     rows = []
@@ -304,11 +342,12 @@ def _alarms(sec: dict[str, Any]) -> str:
     return render_section(sec)
 
 
-RENDERERS = {"step": _step, "norm": _norm, "logging": _logging, "server": _server, "page": _page,
-             "alarms": _alarms}
+RENDERERS = {"step": _step, "norm": _norm, "memory": _memory, "logging": _logging, "server": _server,
+             "page": _page, "alarms": _alarms}
 TITLES = {
     "step": "Step overhead",
     "norm": "Norm / clip / history forms (for the cell)",
+    "memory": "Peak memory of the norm (per strategy)",
     "logging": "Logging path",
     "server": "Server",
     "page": "Dashboard page",

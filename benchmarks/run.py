@@ -21,7 +21,7 @@ from gradmon.jsonl import to_jsonable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "out")
-SECTIONS = ("step", "norm", "logging", "server", "page", "alarms")
+SECTIONS = ("step", "norm", "memory", "logging", "server", "page", "alarms")
 
 
 def _section_runner(name: str) -> Callable[..., dict[str, Any]]:
@@ -30,6 +30,8 @@ def _section_runner(name: str) -> Callable[..., dict[str, Any]]:
         from benchmarks.step_overhead import run_section
     elif name == "norm":
         from benchmarks.norm_section import run_section
+    elif name == "memory":
+        from benchmarks.memory_section import run_section
     elif name == "logging":
         from benchmarks.logging_section import run_section
     elif name == "server":

@@ -4,33 +4,98 @@ Both functions work eagerly (PYNATIVE), inside ``@mindspore.jit`` and inside a `
 compiled in GRAPH mode. They avoid per-tensor reductions on purpose: on MindSpore's kernel-by-kernel
 backends each op is a launch (tens of microseconds on CPU), so the norm is one concatenation of
 flat views, one square and one sum — three kernels however many tensors — instead of two per tensor.
+Under semi_auto/auto parallel they switch to the per-tensor ``grad_scale`` form the parallel
+compiler completes (see :mod:`gradmon.cells.norm_strategies`); hand-sharded tensors are named
+with ``shard_group`` and ``sharded``.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import mindspore as ms
 from mindspore import Tensor, ops
 
+from .norm_plan import plan_groups
+from .norm_strategies import (
+    REPLICATED,
+    SHARDED,
+    bucketed_square_sums,
+    flat_fp32,
+    flat_square_sum,
+    grad_scale_square_sums,
+    segment_ids_for,
+)
+from .parallel import COMPILER_MODES
+
+__all__ = ["clip_by_global_norm", "clip_coefficient", "flat_fp32", "global_norm", "scale_grads",
+           "segment_ids_for", "squared_norms", "unscaled_global_norm"]
+
 CLIP_EPS = 1e-6  # same guard as torch.nn.utils.clip_grad_norm_
 
 
-def flat_fp32(grads: Any) -> Tensor:
-    """All of ``grads`` as one float32 vector (fp16/bf16 are cast before anything is squared)."""
-    parts = [g.reshape(-1) if g.dtype == ms.float32 else ops.cast(g.reshape(-1), ms.float32) for g in grads]
-    return ops.concat(parts)
+@ops.constexpr
+def _compiler_completes() -> bool:
+    # Read when the function is traced (a constant in GRAPH mode), like the cells read it when built.
+    return str(ms.get_auto_parallel_context("parallel_mode")) in COMPILER_MODES
 
 
-def global_norm(grads: Any) -> Tensor:
+@ops.constexpr
+def _shard_plan(shapes: tuple, sharded: tuple) -> tuple:
+    # Concatenated runs of replicated / sharded tensors (a constant plan, built when traced).
+    sizes = [int(math.prod(s)) for s in shapes]
+    return plan_groups(sizes, max(1, sum(sizes)), False, [SHARDED if s else REPLICATED for s in sharded])
+
+
+def _check_shard_args(count: int, shard_group: Any, sharded: Any) -> None:
+    if shard_group is None and sharded is None:
+        return
+    if shard_group is None:
+        raise ValueError("sharded= marks hand-sharded tensors, which need shard_group='<the communication "
+                         "group they are split across>' to be all-reduced")
+    if not isinstance(shard_group, str) or not shard_group:
+        raise TypeError(f"shard_group must be a communication group name (str), got {shard_group!r}")
+    if sharded is None:
+        raise ValueError(f"shard_group={shard_group!r} needs sharded=(True/False per tensor) saying which "
+                         "tensors are split across the group")
+    if len(sharded) != count:
+        raise ValueError(f"sharded has {len(sharded)} entries for {count} tensors")
+    if not any(sharded):
+        raise ValueError(f"shard_group={shard_group!r} is given but sharded marks no tensor")
+
+
+def global_norm(grads: Any, shard_group: str | None = None, sharded: Sequence[bool] | None = None) -> Tensor:
     """L2 norm over every element of a tuple/list of tensors, as a float32 scalar tensor.
 
     Equals ``sqrt(sum_i sum(g_i ** 2))`` computed in float32. Non-finite inputs give a non-finite
     norm. (A sum of squares beyond float32 range, i.e. norms above ~1.8e19, also reads as ``inf``.)
+
+    Hand-sharded tensors (each rank holds a slice, e.g. Megatron-style tensor parallel): pass
+    ``shard_group`` (the communication group they are split across) and ``sharded`` (one bool per
+    tensor, a constant). Their squares are all-reduced over the group and added to the other
+    tensors' squares, which count once (they are the same on every rank of the group): every rank
+    gets the norm of the whole, unsharded gradients. Under semi_auto/auto parallel the per-tensor
+    ``grad_scale`` form is used, which the parallel compiler completes.
     """
     if len(grads) == 0:
         raise ValueError("global_norm needs at least one tensor")
-    return ops.sqrt(ops.reduce_sum(ops.square(flat_fp32(grads))))
+    _check_shard_args(len(grads), shard_group, sharded)
+    if _compiler_completes():
+        if shard_group is not None:
+            # ValueError (UnsupportedParallelError's base): GRAPH mode raises standard exceptions only.
+            raise ValueError("shard_group/sharded are for hand-written sharding in stand_alone or "
+                             "data_parallel mode; semi_auto/auto parallel completes the norm itself")
+        return ops.sqrt(ops.addn(grad_scale_square_sums(grads)).reshape(()))
+    if shard_group is None:
+        return ops.sqrt(flat_square_sum(grads))
+    replicated, shards = bucketed_square_sums(grads, None, _shard_plan(tuple(g.shape for g in grads),
+                                                                       tuple(sharded)))
+    total = ops.AllReduce(ops.ReduceOp.SUM, shard_group)(shards)
+    if replicated is not None:
+        total = total + replicated
+    return ops.sqrt(total)
 
 
 def unscaled_global_norm(grads: Any, inv_scale: Tensor) -> Tensor:
@@ -39,7 +104,7 @@ def unscaled_global_norm(grads: Any, inv_scale: Tensor) -> Tensor:
     For loss-scaled gradients: squaring first would overflow float32 once ``norm * scale``
     passes ~1.8e19, long before the gradients themselves overflow. One extra kernel on the flat view.
     """
-    return ops.sqrt(ops.reduce_sum(ops.square(flat_fp32(grads) * inv_scale)))
+    return ops.sqrt(flat_square_sum(grads, inv_scale))
 
 
 def squared_norms(grads: Any, segment_ids: Tensor, inv_scale: Any = None) -> Tensor:
@@ -48,18 +113,7 @@ def squared_norms(grads: Any, segment_ids: Tensor, inv_scale: Any = None) -> Ten
     ``segment_ids`` is the int32 vector built by :func:`segment_ids_for` for the same shapes;
     ``inv_scale`` (optional float32 scalar) multiplies the gradients before squaring.
     """
-    flat = flat_fp32(grads)
-    if inv_scale is not None:
-        flat = flat * inv_scale
-    return ops.unsorted_segment_sum(ops.square(flat), segment_ids, len(grads))
-
-
-def segment_ids_for(shapes: Any) -> Tensor:
-    """int32 vector mapping each element of the flattened tensors of ``shapes`` to its tensor index."""
-    import numpy as np
-
-    sizes = [int(np.prod(s)) for s in shapes]
-    return Tensor(np.repeat(np.arange(len(sizes), dtype=np.int32), sizes), ms.int32)
+    return flat_square_sum(grads, inv_scale, segment_ids)
 
 
 def scale_grads(grads: Any, factor: Tensor) -> tuple:
@@ -72,13 +126,15 @@ def clip_coefficient(norm: Tensor, max_norm: Any) -> Tensor:
     return ops.minimum(ops.cast(max_norm / (norm + CLIP_EPS), ms.float32), 1.0)
 
 
-def clip_by_global_norm(grads: Any, max_norm: Any) -> tuple:
+def clip_by_global_norm(grads: Any, max_norm: Any, shard_group: str | None = None,
+                        sharded: Sequence[bool] | None = None) -> tuple:
     """Scale ``grads`` so their global L2 norm is at most ``max_norm``.
 
     Returns ``(clipped_grads, norm)`` where ``norm`` is the float32 global norm before clipping and
     ``clipped_grads[i] = grads[i] * min(1, max_norm / (norm + 1e-6))`` (the rule of
     ``torch.nn.utils.clip_grad_norm_``). A non-finite norm yields non-finite gradients; the
-    monitored train step skips such steps instead of applying them.
+    monitored train step skips such steps instead of applying them. ``shard_group``/``sharded``:
+    as in :func:`global_norm` (every rank then applies the same coefficient).
     """
-    norm = global_norm(grads)
+    norm = global_norm(grads, shard_group, sharded)
     return scale_grads(grads, clip_coefficient(norm, max_norm)), norm

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .layouts import OUTPUT_LAYOUTS
+from .norm_plan import NORM_STRATEGIES
 from .spike import SpikeConfig
 
 __all__ = ["StepOptions", "check_stock_arguments"]
@@ -43,13 +44,18 @@ class StepOptions:
     - ``max_norm``: clip the global norm to this value (``grads * min(1, max_norm / (norm + 1e-6))``).
     - ``skip_nonfinite``: when the norm is NaN/Inf, do not run the optimizer this step.
     - ``spike_mode``: ``"off"``, ``"detect"``, ``"clip"`` or ``"skip"`` (see :class:`SpikeConfig`);
-      ``spike_warmup``, ``spike_alpha``, ``spike_z``: detector settings (ZClip defaults 25, 0.97, 2.5).
+      ``spike_warmup``, ``spike_alpha``, ``spike_z``: detector settings (defaults in :class:`SpikeConfig`).
     - ``history_size``: rows of the device history ring (0 disables it and its counters).
-    - ``local_norm``: also record each rank's norm before the data-parallel reduction.
+    - ``local_norm``: also record each rank's own norm (before the data-parallel reduction, without
+      the other ranks' slices of sharded parameters).
     - ``layer_stats``: keep the last step's per-parameter squared gradient norms on device for
       ``gradmon_layer_stats``.
     - ``output_layout``: what the cells return, ``"gradmon"`` or ``"mindformers"`` (see
       :mod:`gradmon.cells.layouts`).
+    - ``norm_strategy``: how the norm is computed: ``"auto"`` (default), ``"flat"``, ``"bucketed"``,
+      ``"per_tensor"`` or ``"fused"`` (see :mod:`gradmon.cells.norm_plan`).
+    - ``shard_group``: the communication group that parameters marked ``layerwise_parallel=True``
+      (hand-sharded) are split across; required when there are such parameters.
     """
 
     max_norm: float | None = None
@@ -62,6 +68,8 @@ class StepOptions:
     local_norm: bool = False
     layer_stats: bool = False
     output_layout: str = "gradmon"
+    norm_strategy: str = "auto"
+    shard_group: str | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once, here
@@ -78,6 +86,11 @@ class StepOptions:
         set_(self, "history_size", int(self.history_size))
         for name in ("skip_nonfinite", "local_norm", "layer_stats"):
             set_(self, name, _flag(name, getattr(self, name)))
+        if self.norm_strategy not in NORM_STRATEGIES:
+            raise ValueError(f"norm_strategy must be one of {NORM_STRATEGIES}, got {self.norm_strategy!r}")
+        if self.shard_group is not None and not (isinstance(self.shard_group, str) and self.shard_group):
+            raise TypeError("shard_group must be the name of a communication group (a non-empty str) "
+                            f"or None, got {self.shard_group!r}")
         if _is_int(self.spike_warmup):
             set_(self, "spike_warmup", int(self.spike_warmup))
         for name in ("spike_alpha", "spike_z"):

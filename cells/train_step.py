@@ -21,19 +21,13 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ._compat import check_train_cell_layout, require_supported
-from .history import COUNTER_NAMES, HistorySnapshot, history_fields, unroll_ring
-from .layer_stats import current_lr, layer_rows
+from .history import COUNTER_NAMES, history_fields
+from .host_read import HostReadMixin
 from .layouts import StepOutputs, backward_seed, split_network_outputs
-from .norm_ops import (
-    clip_coefficient,
-    flat_fp32,
-    global_norm,
-    scale_grads,
-    segment_ids_for,
-    squared_norms,
-    unscaled_global_norm,
-)
+from .norm_ops import clip_coefficient, scale_grads
+from .norm_strategies import GlobalNorm
 from .options import StepOptions, check_stock_arguments
+from .parallel import read_parallel_setup
 from .spike import zclip_update
 
 
@@ -62,7 +56,7 @@ class _ApplyClippedUpdate(_ApplyUpdate):
         return ops.depend(ops.zeros((), ms.float32), self.optimizer(scale_grads(grads, coef)))
 
 
-class MonitoredTrainStep(StepOutputs, nn.TrainOneStepCell):
+class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
     """``nn.TrainOneStepCell`` that also measures, clips and guards the global gradient norm.
 
     Args:
@@ -78,9 +72,14 @@ class MonitoredTrainStep(StepOutputs, nn.TrainOneStepCell):
     Outputs:
         ``(loss, grad_norm[, grads][, *extra])``: the loss (the network's first output), the float32
         global L2 norm of the gradients after the data-parallel reduction (and loss-scale unscaling),
-        before clipping, the gradient dict with ``return_grad=True`` and the network's other outputs.
+        before clipping (under sharding: the norm of the whole, unsharded gradients, the same on
+        every rank), the gradient dict with ``return_grad=True`` and the network's other outputs.
         ``output_layout="mindformers"``: ``(loss, overflow, scale, lr, grad_norm)``. See
         :mod:`gradmon.cells.layouts`.
+
+    Raises:
+        UnsupportedParallelError: a parallel configuration whose norm gradmon cannot get right
+            (the message names the mode and what is supported).
     """
 
     # Whether construct scales the loss (the loss-scale subclass): fixes skip_nonfinite, adds a ring column.
@@ -138,13 +137,20 @@ class MonitoredTrainStep(StepOutputs, nn.TrainOneStepCell):
         self.weight_names = tuple(p.name for p in self.weights)
         if not self.weight_names:
             raise ValueError("the optimizer has no parameters to train")
+        # The norm's form is fixed here, from the parallel setup and the gradients' sizes.
+        self.parallel_setup = read_parallel_setup(self.network, tuple(self.weights), options.shard_group,
+                                                  options.norm_strategy)
+        self.grad_norm = GlobalNorm.build(self.weights, self.parallel_setup, options.norm_strategy,
+                                          per_tensor=layer_stats, scaled=loss_scale)
+        if self.local_norm:
+            self.local_grad_norm = GlobalNorm.build(self.weights, self.parallel_setup, options.norm_strategy,
+                                                    per_tensor=False, scaled=loss_scale, local=True)
 
         if self.spike_on:
             # [finite steps seen, mean, variance] of the detector, one vector: one read, one write.
             self.spike_state = Parameter(Tensor(np.zeros(3, np.float32)), name="gradmon_spike_state",
                                          requires_grad=False)
         if layer_stats:
-            self.segment_ids = segment_ids_for([p.shape for p in self.weights])
             self.layer_sq = Parameter(Tensor(np.zeros(len(self.weight_names), np.float32)),
                                       name="gradmon_layer_sq", requires_grad=False)
         self.fields = history_fields(loss_scale, self.local_norm)
@@ -184,22 +190,17 @@ class MonitoredTrainStep(StepOutputs, nn.TrainOneStepCell):
         """
         local = self._zero
         if self.local_norm:
-            local = unscaled_global_norm(grads, inv_scale) if self.loss_scale else global_norm(grads)
+            local, _ = self.local_grad_norm(grads, inv_scale)
         grads = self.grad_reducer(grads)
         if self.use_graceful_exit:
             grads = self.graceful_exit.exit_by_request(grads, self.init_param, self.exit_param)
         reduced = grads  # what return_grad reports: the stock cell's gradients, before clipping
-        # One flat float32 view of all gradients: three kernels for the norm however many tensors.
+        # The strategy chosen at construction (flat: three kernels however many tensors; bucketed:
+        # bounded memory; per_tensor: the form the parallel compiler completes), unscaled first.
         # (Rescaling stays per tensor: measured, N multiplies beat one multiply plus a Split.)
-        flat = flat_fp32(grads)
-        if self.loss_scale:
-            flat = flat * inv_scale
+        norm, layer_sq = self.grad_norm(grads, inv_scale)
         if self.layer_stats:
-            sq = ops.unsorted_segment_sum(ops.square(flat), self.segment_ids, len(self.weight_names))
-            ops.assign(self.layer_sq, sq)
-            norm = ops.sqrt(ops.reduce_sum(sq))
-        else:
-            norm = ops.sqrt(ops.reduce_sum(ops.square(flat)))
+            ops.assign(self.layer_sq, layer_sq)
         finite = ops.isfinite(norm)
 
         zscore = self._zero
@@ -273,35 +274,6 @@ class MonitoredTrainStep(StepOutputs, nn.TrainOneStepCell):
         slot = ops.floor_mod(self.counts[0:1], self.history_size)
         ops.scatter_update(self.history, slot, row)
         ops.assign_add(self.counts, ops.concat((self._count_one, ops.cast(flags, ms.int32))))
-
-    # ------------------------------------------------------------------------------ host side
-    def gradmon_config(self) -> dict:
-        """Static settings for the run-log header (no device work)."""
-        config = self.options.as_dict()
-        config.update(skip_nonfinite=self.skip_nonfinite,
-                      history_fields=list(self.fields) if self.history_size > 0 else [],
-                      loss_scale=self.loss_scale)
-        return config
-
-    def gradmon_read_history(self) -> HistorySnapshot:
-        """The last ``min(total_steps, history_size)`` steps, oldest first, in two device reads."""
-        if self.history_size <= 0:
-            raise RuntimeError("this MonitoredTrainStep keeps no history (history_size=0)")
-        ring = self.history.asnumpy()
-        counts = self.counts.asnumpy()
-        return unroll_ring(ring, counts, self.fields)
-
-    def gradmon_layer_stats(self, top_k: int | None = 10, groups: Any = None) -> list[dict]:
-        """Per-parameter (or per-group) gradient norms of the last step; see :func:`layer_rows`.
-
-        Needs ``layer_stats=True``. Costs a pass over the weights on the host's call, none per step.
-        """
-        if not self.layer_stats:
-            raise RuntimeError("construct the step with layer_stats=True to keep per-parameter norms")
-        grad_sq = self.layer_sq.asnumpy()
-        param_sq = squared_norms(tuple(self.weights), self.segment_ids).asnumpy()
-        return layer_rows(self.weight_names, grad_sq.tolist(), param_sq.tolist(), current_lr(self.optimizer),
-                          top_k=top_k, groups=groups)
 
 
 class MonitoredTrainStepWithLossScale(MonitoredTrainStep):

@@ -28,13 +28,13 @@ def worker_env() -> dict[str, str]:
                 PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
-def run_msrun(script: Path, args: list[str], cwd: Path, timeout: float = 300) -> str:
-    """Run ``script args`` on 2 workers; fail the test with the workers' logs if it fails or hangs."""
+def run_msrun(script: Path, args: list[str], cwd: Path, timeout: float = 300, workers: int = 2) -> str:
+    """Run ``script args`` on ``workers`` workers; fail the test with their logs if it fails or hangs."""
     if not MSRUN.exists():
         pytest.skip("msrun not installed next to the interpreter")
     log_dir = cwd / "msrun_logs"
-    cmd = [str(MSRUN), "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
-           "--join=True", f"--log_dir={log_dir}", str(script), *args]
+    cmd = [str(MSRUN), f"--worker_num={workers}", f"--local_worker_num={workers}",
+           f"--master_port={free_port()}", "--join=True", f"--log_dir={log_dir}", str(script), *args]
     # Own process group, so a hung job's workers are killed with it.
     proc = subprocess.Popen(cmd, cwd=cwd, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)

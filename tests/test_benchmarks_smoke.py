@@ -105,7 +105,7 @@ def test_smoke_run_writes_every_section(tmp_path):
     assert doc["smoke"] is True
     assert doc["machine"]["cpu_count"] >= 1 and doc["machine"]["versions"]["mindspore"]
     sections = doc["sections"]
-    assert set(sections) == {"step", "norm", "logging", "server", "page", "alarms"}
+    assert set(sections) == {"step", "norm", "memory", "logging", "server", "page", "alarms"}
     for name, sec in sections.items():
         assert "error" not in sec, f"{name}: {sec.get('error')}\n{sec.get('traceback', '')}"
         if "skipped" in sec:  # a dependency is missing: the reason must say so
@@ -147,6 +147,13 @@ def test_smoke_run_writes_every_section(tmp_path):
         for probe in ("norm_fused", "norm_floor_read"):
             assert _finite_positive(norm_run["in_step"]["variants"][probe]["ratio"]["median"]), probe
 
+    # memory: a peak per variant, each in its own process, and the extra over the plain step.
+    if "skipped" not in sections["memory"]:
+        mem = sections["memory"]["runs"][0]
+        assert all(_finite_positive(v.get("peak_bytes")) for v in mem["variants"].values()), mem
+        assert mem["variants"]["bucketed"]["norm_strategy"] == "bucketed"
+        assert "extra_mib" in mem["summary"]["bucketed"] and mem["summary"]["bound_mib"] >= 64
+
     # logging: writer throughput, and no device read on a non-log step while log steps do read.
     logging = sections["logging"]
     assert _finite_positive(logging["writer"]["run_log_writer"]["records_per_s"])
@@ -182,6 +189,7 @@ def test_smoke_run_writes_every_section(tmp_path):
     md = mds[0].read_text()
     assert "SMOKE RUN" in md and "## Step overhead" in md and "stock_clip" in md
     assert "### Rules compared, per setting" in md
+    assert "## Peak memory of the norm" in md
     assert render(doc) == md
 
 
