@@ -9,9 +9,8 @@ import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-
 from operator import attrgetter
+from typing import Any
 
 import pytest
 from server_helpers import DEADLINE_S, lines_of

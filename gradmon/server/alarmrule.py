@@ -36,7 +36,7 @@ from typing import Any, Optional
 from gradmon.alarms import AlarmConfig, AlarmRule
 from gradmon.server.values import number
 
-__all__ = ["BatchAlarmRule", "WindowBaseline"]
+__all__ = ["BatchAlarmRule", "WindowBaseline", "readable"]
 
 _NUMBER_TYPES = frozenset({float, int})
 _NO_VALUE = frozenset({type(None)})
@@ -132,7 +132,7 @@ class BatchAlarmRule(AlarmRule):
     def update(self, record: Mapping[str, Any]) -> list[dict[str, Any]]:
         """``AlarmRule.update``, reading an integer too big for a float as infinite (as the
         server reads numbers, ``values.number``) rather than failing on it."""
-        return super().update(_readable(record))
+        return super().update(readable(record))
 
     def update_steps(self, records: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
         """Feed consecutive ``step`` records (in file order); return ``(position, event)`` pairs:
@@ -294,7 +294,7 @@ def _flag_without_norm(records: list[dict[str, Any]], norms: list[Any]) -> Itera
 _JUDGED = ("loss", "grad_norm", "loss_scale")
 
 
-def _readable(record: Mapping[str, Any]) -> Mapping[str, Any]:
+def readable(record: Mapping[str, Any]) -> Mapping[str, Any]:
     """The record, or a copy whose judged integers too big for a float are infinite."""
     huge = [k for k in _JUDGED if type(record.get(k)) is int and not _finite_number(record[k])]
     return {**record, **{k: number(record[k]) for k in huge}} if huge else record
