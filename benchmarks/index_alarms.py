@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 from typing import Any
 
@@ -80,11 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default=os.path.join("benchmarks", "out"))
     args = ap.parse_args(argv)
     steps, rounds = (20_000, 1) if args.smoke else (args.steps, args.rounds)
-    if args.smoke:
-        log_dir = tempfile.mkdtemp(prefix="gradmon-index-alarms-")
-    else:
-        log_dir = os.path.join(args.out_dir, "bigruns")
-    path = os.path.join(log_dir, f"run{steps}", "metrics.jsonl")
+    path = os.path.join(args.out_dir, "bigruns", f"run{steps}", "metrics.jsonl")
     ensure_run_log(path, steps)
     result = {"steps": steps, "file_mb": os.path.getsize(path) / 1e6, **measure(path, rounds)}
     os.makedirs(args.out_dir, exist_ok=True)
