@@ -6,13 +6,13 @@ series, and the judging of every step), more than the index itself spends per re
 step of a run is plain (finite values) and cannot be flagged, and that can be proven for a whole
 stretch of records at once, with C builtins, from two facts of the rule (docs/format.md, "Alarms"):
 
-- a norm is flagged only when it is above ``norm_over_max`` times the envelope (the largest
-  unflagged norm among the last ``window``), and a loss only when it is above the loss envelope
-  (a jump more than ``loss_over_max`` times the envelope's height above the median means a loss
-  above the envelope);
-- the envelope at any step of a chunk of at most ``window // 2`` records is at least the largest
-  unflagged value among the newest ``window - chunk`` values before the chunk, and at least every
-  earlier value of the chunk itself (none of those leave the window within the chunk).
+- a norm is flagged only when it is above ``norm_over_max`` times the envelope E (the largest
+  unflagged norm among the last ``window``), and a loss only when it is above its E and its jump
+  above the median m is more than ``loss_over_max`` times E - m;
+- E at any step of a chunk of at most ``window // 2`` records is at least the largest unflagged
+  value among the newest ``window - chunk`` values before the chunk, and at least every earlier
+  value of the chunk itself (none of those leave the window within the chunk); m is at most an
+  order statistic of the window and the chunk together (``WindowBaseline.median_ceiling``).
 
 So a chunk is screened with ``accumulate(max)`` and a few ``map`` calls; the first record that is
 not proven quiet (a *candidate*), and every record that is not plain (a non-finite or non-numeric
@@ -30,7 +30,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Mapping
 from itertools import accumulate, chain, compress, count, islice, repeat
-from operator import gt, itemgetter, lt, mul
+from operator import gt, itemgetter, lt, mul, sub
 from typing import Any, Optional
 
 from gradmon.alarms import AlarmConfig, AlarmRule
@@ -40,6 +40,7 @@ __all__ = ["BatchAlarmRule", "WindowBaseline", "readable"]
 
 _NUMBER_TYPES = frozenset({float, int})
 _NO_VALUE = frozenset({type(None)})
+_FLOAT = {float}
 _INF = math.inf
 
 
@@ -92,6 +93,17 @@ class WindowBaseline:
         value = top if top > -_INF else self.median()
         self._envelope = (self._count, value)
         return value
+
+    def median_ceiling(self, new: list[float]) -> float:
+        """An upper bound of the median while the values ``new`` are added, after any number of
+        them (``inf`` when empty). The window then holds ``n >= len(self)`` values, all among the
+        old and new ones (U), and its median is at most its ``n // 2``-th smallest, so at most U's
+        ``(|U| - ceil(len(self) / 2))``-th smallest."""
+        n0 = len(self._recent)
+        if not n0:
+            return _INF
+        everything = sorted(chain(self._recent, new))
+        return everything[len(everything) - (n0 - n0 // 2)]
 
     def lower_envelope(self, newest: int) -> float:
         """The largest unflagged value among the newest ``newest`` values (``-inf`` when none)."""
@@ -146,8 +158,8 @@ class BatchAlarmRule(AlarmRule):
             return out
         losses, odd_losses = _column(records, "loss")
         norms, odd_norms = _column(records, "grad_norm")
-        scales, _odd = _column(records, "loss_scale")
-        columns = (losses, norms, scales if _odd or not set(map(type, scales)) <= _NO_VALUE else None)
+        scales = list(map(dict.get, records, repeat("loss_scale")))
+        columns = (losses, norms, None if scales.count(None) == len(scales) else scales)
         odd = {*odd_losses, *odd_norms, *_flag_without_norm(records, norms)}
         lo = 0
         for i in [*sorted(odd), len(records)]:
@@ -175,9 +187,9 @@ class BatchAlarmRule(AlarmRule):
             norm = _present(norms[lo:end], sparse_norm)
             cut = end - lo  # the first candidate, relative to lo
             if norm[1]:
-                cut = min(cut, self._first_candidate(norm, self.norms, self.config.norm_over_max, cut))  # type: ignore[arg-type]
+                cut = min(cut, self._first_candidate(norm, self.norms, self.config.norm_over_max, 1.0, cut))  # type: ignore[arg-type]
             if loss[1]:
-                cut = min(cut, self._first_candidate(loss, self.losses, 1.0, cut))  # type: ignore[arg-type]
+                cut = min(cut, self._first_candidate(loss, self.losses, 1.0, self.config.loss_over_max, cut))  # type: ignore[arg-type]
             if cut:
                 self._learn_quiet(steps, loss, norm, scales, lo, lo + cut, out)
             lo += cut
@@ -185,9 +197,14 @@ class BatchAlarmRule(AlarmRule):
                 self._one_by_one(records, lo, lo + 1, out)
                 lo += 1
 
-    def _first_candidate(self, present: _Present, baseline: WindowBaseline, factor: float, none: int) -> int:
+    def _first_candidate(self, present: _Present, baseline: WindowBaseline, factor: float, over: float,
+                         none: int) -> int:
         """The position of the first value of the chunk that the rule could flag (``none`` if no
-        value can be): one above ``factor`` times every lower bound of its envelope."""
+        value can be). With E the envelope and m the median when it is judged, a flagged norm is
+        above ``factor`` (``norm_over_max``) times E; a flagged loss is above E (``factor`` 1) and
+        above ``over * E - (over - 1) * m`` (its jump above m is more than ``over``
+        (``loss_over_max``) times E - m). E is at least the largest earlier value of the chunk and
+        the chunk's floor (``lower_envelope``); m at most the chunk's ``median_ceiling``."""
         positions, values = present
         judged_from = max(0, self.config.min_history - len(baseline))  # earlier ones are not judged
         if judged_from >= len(values):
@@ -195,8 +212,16 @@ class BatchAlarmRule(AlarmRule):
         floor = baseline.lower_envelope(self.config.window - self.chunk)
         if judged_from == 0 and max(values) <= factor * floor:  # the common chunk: one C call
             return none
-        earlier = chain((-_INF,), accumulate(values, max))  # the largest value before each one
-        bounds = map(mul, repeat(factor), map(max, repeat(floor), earlier))
+        highs = list(accumulate(values, max))  # the largest value up to each one ...
+        highs.insert(0, -_INF)  # ... and before each one
+        highs.pop()
+        lows = list(map(max, repeat(floor), highs))  # lower bounds of E at each value
+        bounds: Iterable[float] = map(mul, repeat(factor), lows)
+        if over > 1:
+            ceiling = baseline.median_ceiling(values)
+            if ceiling < _INF:
+                shift = (over - 1) * ceiling
+                bounds = map(max, bounds, map(sub, map(mul, repeat(over), lows), repeat(shift)))
         hits = compress(count(), map(gt, values, bounds))
         k = next((k for k in hits if k >= judged_from), None)
         return none if k is None else k if positions is None else positions[k]
@@ -247,12 +272,18 @@ def _column(records: list[dict[str, Any]], name: str) -> tuple[list[Any], list[i
     the positions of values that are neither absent nor a finite number (bools, text, NaN, inf,
     integers too big for a float): those records go through ``AlarmRule.update``."""
     values = list(map(dict.get, records, repeat(name)))
+    absent = values.count(None)
+    if absent == len(values):
+        return values, []
     types = set(map(type, values))
-    if int in types:
-        values = [float(v) if type(v) is int and _finite_number(v) else v for v in values]
-    if types <= _NUMBER_TYPES | _NO_VALUE:
+    if types == _FLOAT:  # the common column: C calls only
+        if math.isfinite(sum(values)):
+            return values, []
+    elif types <= _NUMBER_TYPES | _NO_VALUE:
+        if int in types:
+            values = [float(v) if type(v) is int and _finite_number(v) else v for v in values]
         try:
-            if math.isfinite(sum(filter(None, values))):
+            if math.isfinite(sum(filter(None, values)) if absent else sum(values)):
                 return values, []
         except OverflowError:
             pass
