@@ -138,8 +138,9 @@ class BatchAlarmRule(AlarmRule):
 
     def _reset(self) -> None:
         super()._reset()
-        self.norms = WindowBaseline(self.config.window)  # type: ignore[assignment]
-        self.losses = WindowBaseline(self.config.window)  # type: ignore[assignment]
+        # The parent judges with these (len, median, envelope, add); the bulk path appends to them.
+        self.norm_window = self.norms = WindowBaseline(self.config.window)  # type: ignore[assignment]
+        self.loss_window = self.losses = WindowBaseline(self.config.window)  # type: ignore[assignment]
 
     def update(self, record: Mapping[str, Any]) -> list[dict[str, Any]]:
         """``AlarmRule.update``, reading an integer too big for a float as infinite (as the
@@ -181,15 +182,16 @@ class BatchAlarmRule(AlarmRule):
         Chunk by chunk: learn up to the first candidate in bulk, judge that one by the parent."""
         losses, norms, scales = columns
         sparse_loss, sparse_norm = None in losses, None in norms
+        config = self.config
         while lo < hi:
             end = min(hi, lo + self.chunk)
             loss = _present(losses[lo:end], sparse_loss)
             norm = _present(norms[lo:end], sparse_norm)
             cut = end - lo  # the first candidate, relative to lo
             if norm[1]:
-                cut = min(cut, self._first_candidate(norm, self.norms, self.config.norm_over_max, 1.0, cut))  # type: ignore[arg-type]
+                cut = self._first_candidate(norm, self.norm_window, config.norm_over_max, 1.0, cut)
             if loss[1]:
-                cut = min(cut, self._first_candidate(loss, self.losses, 1.0, self.config.loss_over_max, cut))  # type: ignore[arg-type]
+                cut = self._first_candidate(loss, self.loss_window, 1.0, config.loss_over_max, cut)
             if cut:
                 self._learn_quiet(steps, loss, norm, scales, lo, lo + cut, out)
             lo += cut
@@ -198,9 +200,9 @@ class BatchAlarmRule(AlarmRule):
                 lo += 1
 
     def _first_candidate(self, present: _Present, baseline: WindowBaseline, factor: float, over: float,
-                         none: int) -> int:
-        """The position of the first value of the chunk that the rule could flag (``none`` if no
-        value can be). With E the envelope and m the median when it is judged, a flagged norm is
+                         limit: int) -> int:
+        """The position of the first value of the chunk that the rule could flag, if before
+        ``limit`` (else ``limit``). With E the envelope and m the median when it is judged, a flagged norm is
         above ``factor`` (``norm_over_max``) times E; a flagged loss is above E (``factor`` 1) and
         above ``over * E - (over - 1) * m`` (its jump above m is more than ``over``
         (``loss_over_max``) times E - m). E is at least the largest earlier value of the chunk and
@@ -208,10 +210,10 @@ class BatchAlarmRule(AlarmRule):
         positions, values = present
         judged_from = max(0, self.config.min_history - len(baseline))  # earlier ones are not judged
         if judged_from >= len(values):
-            return none
+            return limit
         floor = baseline.lower_envelope(self.config.window - self.chunk)
         if judged_from == 0 and max(values) <= factor * floor:  # the common chunk: one C call
-            return none
+            return limit
         highs = list(accumulate(values, max))  # the largest value up to each one ...
         highs.insert(0, -_INF)  # ... and before each one
         highs.pop()
@@ -224,7 +226,7 @@ class BatchAlarmRule(AlarmRule):
                 bounds = map(max, bounds, map(sub, map(mul, repeat(over), lows), repeat(shift)))
         hits = compress(count(), map(gt, values, bounds))
         k = next((k for k in hits if k >= judged_from), None)
-        return none if k is None else k if positions is None else positions[k]
+        return limit if k is None else min(limit, k if positions is None else positions[k])
 
     def _learn_quiet(self, steps: list[int], loss: _Present, norm: _Present, scales: list[Any] | None,
                      lo: int, hi: int, out: list[tuple[int, dict[str, Any]]]) -> None:
@@ -237,13 +239,13 @@ class BatchAlarmRule(AlarmRule):
             if k is not None:
                 out.append((k, self._end_event()))
         if norm[1]:
-            self.norms.extend(_before(norm, hi - lo))  # type: ignore[attr-defined]
+            self.norm_window.extend(_before(norm, hi - lo))
             if scales is not None:
                 positions = norm[0]
                 self._learn_scales(scales[lo:hi] if positions is None else
                                    [scales[lo + p] for p in positions if p < hi - lo])
         if loss[1]:
-            self.losses.extend(_before(loss, hi - lo))  # type: ignore[attr-defined]
+            self.loss_window.extend(_before(loss, hi - lo))
         self._last_step = steps[hi - 1]
 
     def _learn_scales(self, scales: list[Any]) -> None:
