@@ -20,7 +20,9 @@ value, a ``nonfinite`` flag without a norm, steps that do not increase), goes th
 ``AlarmRule.update`` itself, which then judges it against the exact median and envelope. The
 baselines are :class:`WindowBaseline`: a plain window that appends in O(1) (a C ``deque.extend`` for
 a stretch) and computes its median and envelope only when asked. Equivalence with the plain rule
-is tested on random series (tests/test_alarms_server.py). Pure: no I/O.
+is tested on random series (tests/test_alarms_server.py). On ``benchmarks/runlogs.py``'s log the
+rule costs ~0.5 µs per step record, a fifth of the index's own (``python -m
+benchmarks.index_alarms``). Pure: no I/O.
 """
 
 from __future__ import annotations
