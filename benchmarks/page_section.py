@@ -30,6 +30,7 @@ from typing import Any
 
 from benchmarks.runlogs import ensure_run_log, generate_run_log, step_record
 from benchmarks.server_section import http_get, serve, server_unavailable_reason
+from gradmon.alarms import AlarmConfig
 from gradmon.jsonl import encode_record
 
 CHROMIUM = "/usr/bin/chromium"
@@ -79,7 +80,8 @@ def _header(k: int, name: str, start: float, peak: float) -> dict[str, Any]:
     return {"type": "header", "schema": 1, "run_id": f"{k:02d}" * 8, "start_time": start, "host": "bench",
             "pid": 100 + k, "versions": {"gradmon": "bench"}, "mode": "GRAPH", "device": "CPU",
             "world_size": 1, "rank": 0, "max_norm": 1.0, "spike_mode": "clip", "log_interval": 100,
-            "batch_size": 256, "config": config}
+            "batch_size": 256, "config": config,
+            "alarm_rule": AlarmConfig().as_dict()}  # the writer's alarm events are in the log
 
 
 def _incidents(name: str, n: int) -> list[tuple[str, int, int, int, float, str]]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 __all__ = [
     "ALARM_KINDS",
     "ALARM_REASONS",
+    "ALARM_RULE_FIELD",
+    "DERIVED_SOURCE",
     "FLAG_FIELDS",
     "HISTORY_BASE_FIELDS",
     "HISTORY_COUNTER_NAMES",
@@ -29,7 +31,7 @@ SCHEMA_VERSION = 1
 TEXT_KEYS = frozenset({
     "type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit",
     "parallel_mode", "norm_strategy", "initial_step_from", "steps_per_epoch_unknown", "reason", "skip_reason",
-    "field",
+    "field", "source",
 })
 
 # Known fields and the JSON types they must have when present (bool is not a number here).
@@ -58,3 +60,9 @@ HISTORY_COUNTER_NAMES = ("clipped", "spikes", "skipped", "nonfinite")
 # incident opens for.
 ALARM_KINDS = ("alarm", "alarm_end")
 ALARM_REASONS = ("nonfinite", "grad_norm_spike", "loss_spike", "abort")
+
+# The header field saying that the writer runs the alarm rule and writes its events; a segment
+# without it gets its alarms from the reader (`gradmon serve` derives them, docs/format.md).
+ALARM_RULE_FIELD = "alarm_rule"
+# The `source` of the alarm events a reader derived (not lines of the log).
+DERIVED_SOURCE = "server"

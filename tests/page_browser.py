@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gradmon.alarms import AlarmConfig
 from gradmon.jsonl import encode_record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +54,8 @@ def header(max_norm: float | None = 1.0, t0: float = T0, run_id: str = "0f" * 8,
     return {"type": "header", "schema": 1, "run_id": run_id, "start_time": t0, "host": "test", "pid": 1,
             "versions": {"gradmon": "0.1.0"}, "mode": "GRAPH", "device": "CPU", "world_size": 1, "rank": 0,
             "config": config if config is not None else {"lr": 1e-3}, "max_norm": max_norm,
-            "spike_mode": "detect", "log_interval": 1}
+            "spike_mode": "detect", "log_interval": 1,
+            "alarm_rule": AlarmConfig().as_dict()}  # a writer that runs the rule: its alarms are written
 
 
 def step(s: int, t0: float = T0, **fields: object) -> dict:

@@ -9,10 +9,11 @@ import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from operator import attrgetter
 from typing import Any
 
 import pytest
-from server_helpers import DEADLINE_S
+from server_helpers import DEADLINE_S, lines_of
 
 from gradmon.server.alerts import (
     Alert,
@@ -24,6 +25,8 @@ from gradmon.server.alerts import (
     payload,
     run_link,
 )
+from gradmon.server.derived import splice
+from gradmon.server.index import RunIndex
 
 
 class Receiver:
@@ -151,16 +154,26 @@ def test_rate_limiter_bursts_then_spaces_messages():
 # ------------------------------------------------------------------------------ run watch
 
 
-def test_watch_runs_the_rule_for_logs_without_alarms():
+def ingested(records: list[dict]) -> list[dict]:
+    """The records as the server hands them to the sender: through a run's index, with the alarm
+    events its ingest derived spliced in at their places."""
+    idx = RunIndex()
+    pairs = lines_of(records)
+    parsed = idx.add_lines(pairs, 0)
+    return splice(parsed.records, parsed.offsets, idx.derived.between(0, pairs[-1][0]), attrgetter("event"))
+
+
+def test_watch_alerts_the_alarms_the_server_derived_for_logs_without_the_rule():
     watch = RunWatch("exp1", link="L")
-    out = watch.observe({"type": "header", "schema": 1}, True)
-    for r in steps_records(30):
-        out += watch.observe(r, True)
-    out += watch.observe({"type": "step", "step": 31, "loss": math.nan, "grad_norm": math.nan}, True)
+    records = ingested([{"type": "header", "schema": 1}, *steps_records(30),
+                        {"type": "step", "step": 31, "loss": math.nan, "grad_norm": math.nan},
+                        {"type": "step", "step": 32, "loss": math.nan, "grad_norm": 1.0}])
+    assert [r["kind"] for r in records if r["type"] == "event"] == ["alarm"]  # one incident, one alarm
+    out = [a for r in records for a in watch.observe(r, True)]
     [a] = out
     assert (a.run, a.kind, a.step, a.reason, a.link) == ("exp1", "alarm", 31, "nonfinite", "L")
-    # the rest of the incident does not alert again
-    assert watch.observe({"type": "step", "step": 32, "loss": math.nan, "grad_norm": 1.0}, True) == []
+    # an alarm event written into such a segment (not by the rule's writer) is not a second alert
+    assert watch.observe({"type": "event", "kind": "alarm", "step": 31, "reason": "nonfinite"}, True) == []
 
 
 def test_watch_trusts_a_writer_that_logs_alarms():
@@ -171,21 +184,24 @@ def test_watch_trusts_a_writer_that_logs_alarms():
              "baseline": 1.0, "message": "gradient norm 40 is 40x its running median 1"}
     [a] = watch.observe(alarm, True)
     assert (a.step, a.reason, a.value) == (5, "grad_norm_spike", 40.0)
+    assert watch.observe({**alarm, "source": "server"}, True) == []  # never derived for such a segment
     assert watch.observe({**alarm, "reason": "abort"}, True) == []  # the abort event itself alerts
     [b] = watch.observe({"type": "event", "kind": "abort", "step": 9, "message": "stopped"}, True)
     assert (b.kind, b.step, b.message) == ("abort", 9, "stopped")
     assert watch.observe({"type": "event", "kind": "spike", "step": 9}, True) == []  # detector flags: no
 
 
-def test_watch_history_warms_the_rule_but_is_not_news():
+def test_watch_history_is_not_news():
     watch = RunWatch("exp1")
-    history = steps_records(100)
-    history[30]["grad_norm"] = 500.0  # an old incident, closed before step 101
-    for r in history:
-        assert watch.observe(r, False) == []
-    assert watch.observe({"type": "event", "kind": "abort", "step": 90}, False) == []
-    # a spike right after the history is judged against the warmed-up baseline
-    [a] = watch.observe({"type": "step", "step": 101, "loss": 1.0, "grad_norm": 60.0}, True)
+    written = steps_records(100)
+    written[30]["grad_norm"] = 500.0  # an old incident, closed before step 101
+    history = ingested(written)
+    assert [r["step"] for r in history if r.get("kind") == "alarm"] == [31]
+    assert all(watch.observe(r, False) == [] for r in history)
+    # a spike right after the history, judged by the server against the run's whole baseline
+    spike = {"type": "step", "step": 101, "loss": 1.0, "grad_norm": 60.0}
+    [new] = [r for r in ingested([*written, spike]) if r.get("kind") == "alarm" and r["step"] == 101]
+    [a] = watch.observe(new, True)
     assert a.reason == "grad_norm_spike" and a.step == 101
 
 
@@ -203,7 +219,7 @@ async def _until(cond, timeout: float = DEADLINE_S) -> None:
 def _foreign_log_with_nan(start: int = 1, n: int = 30) -> list[dict]:
     records = [{"type": "header", "schema": 1}, *steps_records(n, start)]
     bad = {"type": "step", "step": start + n, "ts": time.time(), "loss": math.nan, "grad_norm": 1.0}
-    return [*records, bad]
+    return ingested([*records, bad])
 
 
 def test_sender_posts_one_message_per_alarm(receiver):

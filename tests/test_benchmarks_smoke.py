@@ -231,3 +231,12 @@ def test_alarm_benchmark_smoke_writes_its_tables(tmp_path):
     md = md_path.read_text()
     assert md.startswith("# Alarm benchmark") and "**new alarm rule**" in md and "SMOKE RUN" in md
     assert render_alarms(doc) == md  # the same tables from the JSON file ("Infinity" as text there)
+
+
+def test_index_alarms_smoke_measures_the_rule_against_the_plain_ingest(tmp_path):
+    command = [sys.executable, "-m", "benchmarks.index_alarms", "--smoke", "--out-dir", str(tmp_path)]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "index_alarms.json").read_text())
+    assert result["records"] == 20_004 and result["derived_events"] == 4  # 2 spikes: alarm + alarm_end each
+    assert result["plain_s"] > 0 and result["rule_s"] > 0 and math.isfinite(result["ratio"])

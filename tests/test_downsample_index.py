@@ -93,7 +93,7 @@ def test_merge_summaries_keeps_extremes_and_ends():
 
 def test_marks_events_eval_headers_and_end():
     idx = index_of([
-        {"type": "header", "run_id": "a"},
+        {"type": "header", "run_id": "a", "alarm_rule": {}},  # its writer judges alarms: none derived
         {"type": "step", "step": 1, "loss": math.inf, "nonfinite": True, "skipped": True},
         {"type": "step", "step": 2, "loss": 1.0, "grad_norm": 50.0, "spike": True},
         {"type": "eval", "step": 2, "loss": 0.3, "accuracy": 0.9},

@@ -33,8 +33,9 @@ def test_js_mark_flags_match_python() -> None:
     assert [tuple(pair) for pair in _js_schema()["MARK_FLAGS"]] == list(schema.MARK_FLAGS)
 
 
-def test_js_overflow_reason_matches_python() -> None:
-    assert _js_schema()["OVERFLOW_REASON"] == schema.OVERFLOW_REASON
+@pytest.mark.parametrize("name", ["OVERFLOW_REASON", "ALARM_RULE_FIELD", "DERIVED_SOURCE"])
+def test_js_constants_match_python(name: str) -> None:
+    assert _js_schema()[name] == getattr(schema, name)
 
 
 def test_js_names_nothing_python_lacks() -> None:

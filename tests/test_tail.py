@@ -144,7 +144,9 @@ def test_run_skips_and_counts_malformed_lines_including_5mb(tmp_path):
             break
     assert run.index.malformed == 3
     sent = [json.loads(ln) for b in batches for ln in b.lines]  # strict JSON: the bare NaN re-encoded
-    assert [r["step"] for r in sent] == [1, 3, 5] and sent[1]["loss"] == "NaN"
+    assert [r["step"] for r in sent if r["type"] == "step"] == [1, 3, 5] and sent[1]["loss"] == "NaN"
+    # the alarm the server derived for the NaN loss (no header: nobody else judges), after its step
+    assert sent[2]["kind"] == "alarm" and sent[2]["step"] == 3 and sent[2]["source"] == "server"
     assert batches[-1].cursor == p.stat().st_size
     # the 5 MB line was never held whole: the splitter's buffer is capped
     assert run.tailer._split.max_line < len(huge)

@@ -59,3 +59,42 @@ test("newIncidents reports each incident once", () => {
   const more = incidentsOf("r", [ev({ kind: "alarm", step: 5, reason: "nonfinite" }), ev({ kind: "alarm", step: 9, reason: "loss_spike" })]);
   assert.deepEqual(newIncidents(more, seen).map((i) => i.start), [9]);
 });
+
+test("alarmKey: kind, step and reason (an alarm_end's start stands for its reason)", () => {
+  const { alarmKey } = require("../src/lib/alarms.js");
+  assert.equal(alarmKey(ev({ kind: "alarm", step: 7, reason: "nonfinite", source: "server" })), "alarm|7|nonfinite");
+  assert.equal(alarmKey(ev({ kind: "alarm_end", step: 9, start: 7, flagged: 3 })), "alarm_end|9|7");
+  assert.equal(alarmKey(ev({ kind: "abort", step: 9 })), "abort|9|");
+  assert.notEqual(alarmKey(ev({ kind: "alarm", step: 7, reason: "loss_spike" })), alarmKey(ev({ kind: "alarm", step: 7, reason: "nonfinite" })));
+});
+
+test("a derived alarm from the history, then again in live records (resent), is one incident", () => {
+  const { RunData } = require("../src/lib/rundata.js");
+  const { recordsAction, newStreamState, loaded, applied } = require("../src/lib/stream.js");
+  const step = (s, extra) => Object.assign({ type: "step", step: s, loss: 1, grad_norm: 1 }, extra);
+  const alarm = ev({ kind: "alarm", step: 31, reason: "nonfinite", field: "loss", value: "NaN", source: "server" });
+  const end = ev({ kind: "alarm_end", step: 31, start: 31, flagged: 1, reasons: { nonfinite: 1 }, source: "server" });
+  const run = new RunData("r");
+  const st = newStreamState();
+  st.loading = true;
+  const cursor = { gen: "g", offset: 3000 };
+  run.loadHistory({ cursor, exact: true, series: { loss: { step: [30, 31], value: [1, "NaN"] } }, events: [alarm], marks: [], headers: [] });
+  assert.equal(loaded(st, cursor), "subscribe");
+  // A message that starts before our cursor and ends beyond it (resent after a resubscribe) is
+  // applied whole: its alarm is the one the history had.
+  const msg = { type: "records", run: "r", prev: { gen: "g", offset: 2900 }, cursor: { gen: "g", offset: 3300 },
+    records: [step(31, { loss: "NaN" }), Object.assign({}, alarm), step(32), step(82), Object.assign({}, end)] };
+  const act = recordsAction(st, msg);
+  assert.equal(act.action, "apply");
+  for (const r of msg.records) run.ingestRecord(r);
+  applied(st, act.cursor);
+  for (const r of msg.records) run.ingestRecord(r); // and once more: still one of each
+  assert.equal(run.alarmEvents.length, 2);
+  const incs = incidentsOf("r", run.alarmEvents);
+  assert.equal(incs.length, 1);
+  assert.deepEqual([incs[0].start, incs[0].end, incs[0].flagged, incs[0].ongoing], [31, 31, 1, false]);
+  // a history reload starts over: the same incident again, once
+  run.loadHistory({ cursor: msg.cursor, exact: true, series: {}, events: [alarm, end], marks: [], headers: [] });
+  assert.equal(incidentsOf("r", run.alarmEvents).length, 1);
+  assert.equal(run.alarmEvents.length, 2);
+});

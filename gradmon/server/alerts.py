@@ -4,9 +4,9 @@ A person who is not looking at the page learns that a run needs them. The server
 :meth:`AlertSender.feed` with each batch of new records of a run; the sender picks the alarms
 (``event`` records of kind ``alarm``, see docs/format.md) and aborts out of them and posts a small
 JSON message to an incoming-webhook URL (Slack-style ``{"text": ...}`` by default; Feishu,
-DingTalk and a plain JSON shape on request). For a log whose writer does not run the alarm rule
-(no ``alarm_rule`` in its header: older gradmon versions, other tools), the server runs
-:class:`gradmon.alarms.AlarmRule` over the step records itself.
+DingTalk and a plain JSON shape on request). The sender runs no rule of its own: for a log whose
+writer does not run the alarm rule (no ``alarm_rule`` in its header: older gradmon versions, other
+tools) the batches carry the alarms the server's ingest derived (``derived.py``), one rule per run.
 
 Never in the way of the server: ``feed`` is synchronous and cheap (a bounded queue, dropping and
 counting when full); one asyncio task posts, with a deadline per request, a few retries on
@@ -14,7 +14,7 @@ counting when full); one asyncio task posts, with a deadline per request, a few 
 instead of losing them. Nothing here raises into the server's loop.
 
 Records the server reads when it starts (the existing content of each log) are history, not news:
-they only warm up the rule. Records written after the server started alert.
+they alert only when stamped after the server started. Records written after that alert.
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ import logging
 import math
 import ssl
 import time
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from gradmon.alarms import AlarmConfig, AlarmRule
+from gradmon.schema import ALARM_RULE_FIELD, DERIVED_SOURCE
 
 __all__ = ["FORMATS", "Alert", "AlertSender", "RateLimiter", "RunWatch", "alert_text", "check_url",
            "combine", "payload"]
@@ -134,56 +133,34 @@ def _step(x: Any) -> int | None:
 
 
 class RunWatch:
-    """What one run's records call for (pure): alarms the writer logged, alarms the server's own
-    rule finds in a log without them, aborts. ``observe(record, news)`` returns the alerts;
-    records that are not ``news`` (history) only update the state."""
+    """What one run's records call for (pure): its alarms and aborts. ``observe(record, news)``
+    returns the alerts; records that are not ``news`` (history) alert nothing.
 
-    def __init__(self, run: str, config: AlarmConfig | None = None, link: str | None = None) -> None:
+    The alarms of a segment are its writer's when its header has ``alarm_rule``, else those the
+    server's ingest derived (``"source": "server"``): one rule per run, never two alerts for one
+    incident. An alarm for an abort (reason ``abort``) is left to the ``abort`` event's own alert."""
+
+    def __init__(self, run: str, link: str | None = None) -> None:
         self.run = run
-        self.config = config or AlarmConfig()
         self.link = link
         self.writer_alarms = False  # the current segment's writer runs the alarm rule itself
-        self.rule: AlarmRule | None = AlarmRule(self.config)
-        self._history: deque[Mapping[str, Any]] = deque(maxlen=self.config.window + self.config.quiet_steps)
 
     def observe(self, record: Mapping[str, Any], news: bool) -> list[Alert]:
         kind = record.get("type")
         if kind == "header":
-            self.writer_alarms = isinstance(record.get("alarm_rule"), Mapping)
-            self.rule = None if self.writer_alarms else AlarmRule(self.config)
-            self._history.clear()
+            self.writer_alarms = isinstance(record.get(ALARM_RULE_FIELD), Mapping)
             return []
-        if kind == "event":
-            return self._event(record, news)
-        if kind != "step" or self.rule is None:
+        if kind != "event" or not news:
             return []
-        if not news:
-            # History warms the rule up later, from a bounded tail: a 10M-step log costs no rule time.
-            self._history.append(record)
-            return []
-        self._warm_up()
-        events = self.rule.update(record)
-        return [self._alert(e) for e in events if e["kind"] == "alarm" and e["reason"] != "abort"]
-
-    def _warm_up(self) -> None:
-        assert self.rule is not None
-        while self._history:
-            self.rule.update(self._history.popleft())  # alarms in the history are old news
-
-    def _event(self, record: Mapping[str, Any], news: bool) -> list[Alert]:
         event_kind = record.get("kind")
-        if not news:
-            return []
         if event_kind == "abort":
             return [Alert(self.run, "abort", _step(record.get("step")), "abort", None,
                           str(record.get("message") or "the abort policy stopped training"), self.link)]
-        if event_kind == "alarm" and self.writer_alarms and record.get("reason") != "abort":
-            return [self._alert(record)]
+        derived = record.get("source") == DERIVED_SOURCE
+        if event_kind == "alarm" and derived != self.writer_alarms and record.get("reason") != "abort":
+            return [Alert(self.run, "alarm", _step(record.get("step")), str(record.get("reason")),
+                          _number(record.get("value")), str(record.get("message", "")), self.link)]
         return []
-
-    def _alert(self, event: Mapping[str, Any]) -> Alert:
-        return Alert(self.run, "alarm", _step(event.get("step")), str(event.get("reason")),
-                     _number(event.get("value")), str(event.get("message", "")), self.link)
 
 
 class RateLimiter:
@@ -224,7 +201,7 @@ class AlertSender:
 
     def __init__(self, url: str, *, fmt: str = "slack", link: str | None = None, per_minute: float = 6.0,
                  burst: int = 3, queue_size: int = 100, timeout: float = 5.0, retries: int = 2,
-                 retry_delay: float = 2.0, config: AlarmConfig | None = None) -> None:
+                 retry_delay: float = 2.0) -> None:
         self.url = check_url(url)
         if fmt not in FORMATS:
             raise ValueError(f"alert format must be one of {FORMATS}, got {fmt!r}")
@@ -234,7 +211,6 @@ class AlertSender:
         self.timeout = timeout
         self.retries = retries
         self.retry_delay = retry_delay
-        self.config = config or AlarmConfig()
         self.queue: asyncio.Queue[Alert] | None = None
         self.queue_size = queue_size
         self.started_at = time.time()
@@ -253,7 +229,7 @@ class AlertSender:
         try:
             watch = self.watches.get(run)
             if watch is None:
-                watch = self.watches[run] = RunWatch(run, self.config, run_link(self.link, run))
+                watch = self.watches[run] = RunWatch(run, run_link(self.link, run))
             for record in records:
                 news = not replay or (_number(record.get("ts")) or 0.0) >= self.started_at - REPLAY_GRACE_S
                 for alert in watch.observe(record, news):

@@ -9,7 +9,9 @@ keeps what history and ``/api/runs`` need:
   steps, and for those the latest segment wins, step by step: an older segment's records at steps a
   later segment covers are replaced, with their marks, eval points, system points and events;
 - eval records, events and headers whole, each capped; ``system`` records per field, capped
-  min/max-preserving (``sampled.py``); of ``layers`` records only the latest.
+  min/max-preserving (``sampled.py``); of ``layers`` records only the latest;
+- the alarms of segments whose writer does not run the alarm rule: the rule runs here, over every
+  record in file order, and its events join the run's events (``derived.py``).
 
 Queries are not answered here: :meth:`RunIndex.plan_history` passes the pyramid to
 ``query.plan_history``, and :meth:`RunIndex.snapshot` takes a picklable copy of the rest for
@@ -26,6 +28,7 @@ from operator import itemgetter
 from typing import Any
 
 from gradmon.schema import NOT_SERIES
+from gradmon.server.derived import DerivedAlarms
 from gradmon.server.parse import ParsedLines, parse_lines
 from gradmon.server.query import HistoryPlan, plan_history
 from gradmon.server.sampled import SampledSeries
@@ -65,6 +68,7 @@ class RunIndex:
         self.eval_dropped = 0
         self.system = SampledSeries(MAX_SYSTEM_POINTS, MAX_SYSTEM_FIELDS)
         self.layers: dict | None = None  # the latest `layers` record
+        self.derived = DerivedAlarms()  # the alarm rule of segments whose writer does not run it
 
     # ---- building -------------------------------------------------------------------------
 
@@ -101,10 +105,12 @@ class RunIndex:
 
     def _add_steps(self, recs: list[dict], offsets: list[int], check: list[int]) -> None:
         self.segments.note_steps(*self.steps.add(recs, offsets, check, self.segments.current))
+        self._add_events(self.derived.steps(recs, offsets))
 
     def _add_other(self, rec: dict, offset: int) -> None:
         kind = rec["type"]
         if kind == "header":
+            self._add_events(self.derived.header(rec, offset))  # the previous segment's, before it ends
             self.steps.close_bucket()  # no base bucket holds two segments
             self.segments.start(offset, self.steps.pyramid.base.size)
             self.status_records += 1
@@ -119,13 +125,19 @@ class RunIndex:
         elif kind == "layers":
             self.layers = rec
         elif kind == "event":
-            if len(self.events) == self.events.maxlen:
-                self.events_dropped += 1
-            self.events.append(rec)
-            self.event_segments.append(self.segments.current)
+            self._add_events([rec])
+            self._add_events(self.derived.record(rec, offset))
         elif kind == "end":
+            self._add_events(self.derived.record(rec, offset))
             self.status_records += 1
             self.ended = rec.get("status") if isinstance(rec.get("status"), str) else "finished"
+
+    def _add_events(self, events: list[dict]) -> None:
+        for ev in events:
+            if len(self.events) == self.events.maxlen:
+                self.events_dropped += 1
+            self.events.append(ev)
+            self.event_segments.append(self.segments.current)
 
     def _add_eval(self, rec: dict) -> None:
         step = rec.get("step")
@@ -181,7 +193,8 @@ class RunIndex:
         """Sizes of what the index holds (for ``GradmonServer.stats`` and benchmarks)."""
         return {"records": self.records, "step_records": self.steps.count, "malformed": self.malformed,
                 "levels": [lvl.size for lvl in self.steps.pyramid.levels], "fields": len(self.steps.fields),
-                "marks": len(self.steps.marks), "events": len(self.events)}
+                "marks": len(self.steps.marks), "events": len(self.events),
+                "derived_events": self.derived.count}
 
     def summary(self) -> dict[str, Any]:
         """The index's part of a run's ``/api/runs`` entry."""

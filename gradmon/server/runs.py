@@ -13,9 +13,12 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
+from gradmon.server.derived import Derived, splice
 from gradmon.server.index import RunIndex
+from gradmon.server.parse import ParsedLines
 from gradmon.server.tail import FileTailer
 
 __all__ = ["MAX_DEPTH", "STALE_AFTER_S", "Batch", "Run", "discover_runs", "is_inside", "run_status"]
@@ -90,9 +93,10 @@ class Batch:
     gen: str
     prev: int
     cursor: int
-    lines: list[bytes]  # the raw valid lines, strict JSON already (sent as they are)
+    lines: list[bytes]  # the raw valid lines, strict JSON already (sent as they are), and the
+    # alarm events the server derived from them (derived.py), each at its place
     status_changing: bool = False  # holds a header or an end record (the run's status may change)
-    records: list[dict] = field(default_factory=list)  # the same lines decoded (for the alert rule)
+    records: list[dict] = field(default_factory=list)  # the same, decoded (for the webhook alerts)
 
 
 class Run:
@@ -141,11 +145,19 @@ class Run:
         if res.lines and self.tailer.gen is not None:
             marks_status = self.index.status_records
             parsed = self.index.add_lines(res.lines, prev)
-            batch = Batch(self.tailer.gen, prev, self.tailer.offset, parsed.raw,
-                          self.index.status_records != marks_status, parsed.records)
+            derived = self.index.derived.between(prev, self.tailer.offset)
+            batch = Batch(self.tailer.gen, prev, self.tailer.offset, self.lines_to_send(parsed, derived),
+                          self.index.status_records != marks_status,
+                          splice(parsed.records, parsed.offsets, derived, attrgetter("event")))
         if not res.more:
             self.indexing = False
         return res.reset, batch, res.more
+
+    @staticmethod
+    def lines_to_send(parsed: ParsedLines, derived: list[Derived]) -> list[bytes]:
+        """The lines of a range as clients get them: its valid lines (strict JSON) with the alarm
+        events the server derived from them (``index.derived.between`` the range) at their places."""
+        return splice(parsed.raw, parsed.offsets, derived, attrgetter("line"))
 
     def update_status(self, now: float | None = None) -> bool:
         """Recompute the status; return whether it changed."""

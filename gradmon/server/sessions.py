@@ -163,8 +163,9 @@ class Sessions:
                 if not lines:  # a line longer than a chunk
                     lines = await asyncio.to_thread(read_lines, run.path, step.start, run.offset)
                 end = lines[-1][0] if lines else step.start
-                if stream.on_read(step, end) is Action.SEND:
-                    raw = parse_lines(lines, step.start).raw  # the valid records, as the tailer sends them
+                if stream.on_read(step, end) is Action.SEND:  # the records as the tailer sent them
+                    derived = run.index.derived.between(step.start, end)
+                    raw = run.lines_to_send(parse_lines(lines, step.start), derived)
                     client.push(records_message(name, step.gen, step.start, end, raw), name)
 
 

@@ -7,6 +7,9 @@
  *   {"type":"event","kind":"alarm_end","step":E,"start":S,"flagged":K,"message":...}
  * An alarm without its end is an ongoing incident. An `abort` event is an incident of its own
  * unless an alarm with reason "abort" stands for it. Unknown extra fields are carried along.
+ * Alarms the server derived (for a log whose writer does not run the rule) carry
+ * "source": "server" and are shown the same way. The same event may reach the page twice (a
+ * history reload, a resubscribe resending records): `alarmKey` identifies it, so it is kept once.
  */
 (function (root, factory) {
   "use strict";
@@ -81,6 +84,15 @@
     return out.sort((a, b) => a.start - b.start);
   }
 
+  /**
+   * What identifies an alarm, alarm_end or abort event of a run: its kind, step and reason (an
+   * alarm_end carries no reason: its incident's start step stands for it).
+   */
+  function alarmKey(ev) {
+    const which = ev.reason !== undefined ? ev.reason : ev.start;
+    return ev.kind + "|" + ev.step + "|" + (which === undefined ? "" : String(which));
+  }
+
   /** A short title for an incident's reason ("gradient-norm spike"; an unknown reason as written). */
   function reasonTitle(reason) {
     return REASON_TITLES[reason] || String(reason).replace(/_/g, " ");
@@ -115,5 +127,5 @@
     return fresh;
   }
 
-  return { REASON_TITLES, incidentsOf, reasonTitle, incidentText, newIncidents };
+  return { REASON_TITLES, alarmKey, incidentsOf, reasonTitle, incidentText, newIncidents };
 });

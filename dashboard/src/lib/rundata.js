@@ -12,7 +12,7 @@
   const isNode = typeof module !== "undefined" && module.exports;
   const deps = isNode
     ? Object.assign({}, require("./schema.js"), require("./jsonl.js"), require("./series.js"), require("./smoothing.js"),
-      require("./segments.js"))
+      require("./segments.js"), require("./alarms.js"))
     : root.GradmonLib;
   const api = factory(deps);
   if (isNode) module.exports = api;
@@ -43,7 +43,8 @@
       this.series = new Map();
       this.marks = new Map(); // "kind:step" (nonfinite: "nonfinite:field:step") -> {kind, step, field, value, sources}
       this.events = []; // the latest events other than alarms
-      this.alarmEvents = []; // alarm, alarm_end and abort events, in file order
+      this.alarmEvents = []; // alarm, alarm_end and abort events, in file order, each once
+      this.alarmKeys = new Set(); // alarmKey of each of them
       this.headers = [];
       this.headerKeys = new Set();
       this.segments = new lib.SegmentCover(); // which steps a new segment replaces (segments.js)
@@ -226,6 +227,7 @@
       const keep = (e) => !(inRange(e.step) && older(this.eventTags.get(e)));
       this.events = this.events.filter(keep);
       this.alarmEvents = this.alarmEvents.filter(keep);
+      this.alarmKeys = new Set(this.alarmEvents.map(lib.alarmKey));
       if (this.detail && this.detail.start <= to && this.detail.end >= from) this.detail = null;
     }
 
@@ -257,11 +259,16 @@
     }
 
     _ingestEvent(rec) {
-      this.eventTags.set(rec, this.segments.tag());
       if (ALARM_KINDS.has(rec.kind)) {
+        // An incident is kept once, however often its events arrive (history, live, resent).
+        const key = lib.alarmKey(rec);
+        if (this.alarmKeys.has(key)) return;
+        this.alarmKeys.add(key);
+        this.eventTags.set(rec, this.segments.tag());
         this.alarmEvents.push(rec);
-        if (this.alarmEvents.length > MAX_ALARM_EVENTS) this.alarmEvents.shift();
+        if (this.alarmEvents.length > MAX_ALARM_EVENTS) this.alarmKeys.delete(lib.alarmKey(this.alarmEvents.shift()));
       } else {
+        this.eventTags.set(rec, this.segments.tag());
         this.events.push(rec);
         if (this.events.length > MAX_EVENTS) this.events.shift();
       }

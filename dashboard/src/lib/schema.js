@@ -14,7 +14,7 @@
     // Keys whose values are text by definition: a "NaN" there is the word, not a number.
     TEXT_KEYS: ["type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit",
       "parallel_mode", "norm_strategy", "initial_step_from", "steps_per_epoch_unknown", "reason", "skip_reason",
-      "field"],
+      "field", "source"],
     // Known fields that must be integers / numbers when present.
     INT_FIELDS: ["step", "epoch", "pid", "world_size", "rank", "schema", "steps"],
     NUMBER_FIELDS: ["ts", "start_time"],
@@ -29,6 +29,10 @@
     // Alarm events (gradmon/alarms.py): the kinds that open and close an incident, and its reasons.
     ALARM_KINDS: ["alarm", "alarm_end"],
     ALARM_REASONS: ["nonfinite", "grad_norm_spike", "loss_spike", "abort"],
+    // The header field of a writer that runs the alarm rule, and the `source` of the alarm events
+    // a server derived for a segment without it.
+    ALARM_RULE_FIELD: "alarm_rule",
+    DERIVED_SOURCE: "server",
   });
 
   return { SCHEMA };
