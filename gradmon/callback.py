@@ -10,6 +10,12 @@ Host cost per step: a non-log step is two ``time.perf_counter()`` calls and a fe
 operations (no tensor is read). Every ``log_interval`` steps the monitor reads the device once:
 the step cell's history ring when it has one (``gradmon_read_history``, see docs/design.md) —
 then every step since the last read gets its own record — or else the last step's outputs.
+
+Outside ``Model.train``: ``log(step, **metrics)`` and ``log_eval(step, **metrics)`` write records
+directly; ``attach(cell, optimizer)`` + ``after_step(outputs)`` after each step of a hand-written
+loop gives the same interval logic as under ``Model``; ``start(initial_step=N)`` opens the segment
+at a step of your choosing; ``close()`` (or ``with``) ends the run; ``should_stop`` turns true when
+the abort policy fires.
 """
 
 from __future__ import annotations
@@ -90,17 +96,12 @@ class LiveMonitor(Callback):
             exception in it is logged once.
         retry_initial: first back-off (seconds) before reopening an unwritable log.
         alarms: run the alarm rule (:class:`gradmon.alarms.AlarmRule`, docs/format.md "Alarms")
-            over every step record, at full resolution, and write its ``alarm`` / ``alarm_end``
-            events; the header says so (``alarm_rule``). One rule per segment. False: no rule and
-            no ``alarm_rule`` in the header (readers such as ``gradmon serve`` judge the log).
+            over every step record and write its ``alarm`` / ``alarm_end`` events, one rule per
+            segment, named in the header (``alarm_rule``). False: readers judge the log.
         alarm_config: the rule's thresholds: an :class:`gradmon.alarms.AlarmConfig` or a dict of
             some of its fields, e.g. ``{"quiet_steps": 20}`` (default: ``AlarmConfig()``).
 
-    Outside ``Model.train``: ``log(step, **metrics)`` and ``log_eval(step, **metrics)`` write
-    records directly; ``attach(cell, optimizer)`` + ``after_step(outputs)`` after each step of a
-    hand-written loop gives the same interval logic as under ``Model``; ``start(initial_step=N)``
-    opens the segment at a step of your choosing; ``close()`` (or ``with``) ends the run.
-    ``should_stop`` turns true when the abort policy fires.
+    Hand-written loops: see the module docstring (``log``, ``attach`` + ``after_step``, ``close``).
     """
 
     def __init__(
