@@ -16,8 +16,7 @@ from gradmon.cells.norm_ops import global_norm
 from mindspore import Tensor, nn, ops
 
 from examples.models import MLP, TinyTransformer, synthetic_batch, with_loss
-
-MODES = {"GRAPH": ms.GRAPH_MODE, "PYNATIVE": ms.PYNATIVE_MODE}
+from tests import parity_util
 
 
 def _compiler_missing() -> bool:
@@ -32,12 +31,7 @@ pytestmark = pytest.mark.skipif(_compiler_missing(), reason="no C++ compiler her
                                 "in test_cells_fused_build.py)")
 
 
-@pytest.fixture(params=list(MODES))
-def mode(request):
-    old = ms.get_context("mode")
-    ms.set_context(mode=MODES[request.param])
-    yield request.param
-    ms.set_context(mode=old)
+mode = parity_util.mode  # the GRAPH / PYNATIVE fixture
 
 
 def _real_grads(net: nn.Cell, dtype=ms.float32) -> list[np.ndarray]:
