@@ -32,6 +32,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any] | None]] = {
     "fused": ("norm only, norm_strategy='fused' (where the fused kernel is built)",
               {"history_size": 0, "skip_nonfinite": False, "norm_strategy": "fused"}),
     "defaults": ("MonitoredTrainStep defaults (norm_strategy='auto', skip, history)", {}),
+    "clip": ("defaults + max_norm=1.0 (the clip pass: one multiply per gradient, in a branch)",
+             {"max_norm": 1.0}),
 }
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -127,7 +129,7 @@ def measure(model: str, variant: str, warmup: int, steps: int) -> dict[str, Any]
 
 def plan(smoke: bool) -> list[dict[str, Any]]:
     """(model, variants, steps, timeout) of the section."""
-    variants = ["plain", "flat", "bucketed", "per_tensor", "defaults"]
+    variants = ["plain", "flat", "bucketed", "per_tensor", "defaults", "clip"]
     if smoke:
         return [{"model": "mlp", "variants": ["plain", "bucketed"], "warmup": 1, "steps": 1, "timeout": 120}]
     return [

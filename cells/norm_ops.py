@@ -26,6 +26,7 @@ from .norm_strategies import (
     flat_fp32,
     flat_square_sum,
     grad_scale_square_sums,
+    scaled_grads,
     segment_ids_for,
 )
 from .parallel import COMPILER_MODES
@@ -118,7 +119,7 @@ def squared_norms(grads: Any, segment_ids: Tensor, inv_scale: Any = None) -> Ten
 
 def scale_grads(grads: Any, factor: Tensor) -> tuple:
     """Every gradient times ``factor`` (a float32 scalar), keeping each gradient's dtype."""
-    return tuple(g * factor if g.dtype == ms.float32 else g * ops.cast(factor, g.dtype) for g in grads)
+    return scaled_grads(grads, factor)
 
 
 def clip_coefficient(norm: Tensor, max_norm: Any) -> Tensor:

@@ -25,16 +25,9 @@ from .parallel import ParallelSetup
 _grad_scale_expand = P.ExpandDims().add_prim_attr("grad_scale", True)
 
 
-def _f32(g: Tensor) -> Tensor:
-    return g if g.dtype == ms.float32 else ops.cast(g, ms.float32)
-
-
 def flat_fp32(grads: Any) -> Tensor:
     """All of ``grads`` as one float32 vector (fp16/bf16 are cast before anything is squared)."""
-    views = []
-    for g in grads:  # a loop, not a comprehension: see bucketed_square_sums
-        views.append(_f32(g.reshape(-1)))
-    return ops.concat(views)
+    return _concat(_hyper_map(_flat_f32, grads))
 
 
 def segment_ids_for(shapes: Any) -> Tensor:
@@ -61,6 +54,11 @@ def flat_square_sum(grads: Any, inv_scale: Any = None, segment_ids: Any = None) 
 # shard group), not counted on this rank (a tied copy on a later pipeline stage).
 REPLICATED, SHARDED, UNCOUNTED = 0, 1, 2
 
+# Graph code over the gradients maps functions over the tuple (HyperMap) or slices it, and never builds
+# a Python list or tuple one element at a time: GRAPH mode keeps every intermediate sequence of such a
+# loop (or of a comprehension) in the compiled graph, measured ~0.3 MiB of resident host memory per
+# gradient for a loop of appends and ~1.4 MiB for a comprehension at 100 gradients, growing faster
+# than the count (docs/cells.md, "Compiled graph memory"); a HyperMap or a slice costs ~0.
 # The chained bucket loop calls primitives, not the functional ops: each piece's input waits for
 # the previous piece, and GRAPH mode's analysis nests a level per piece for every function call
 # on that chain (it stops at a depth of 1000).
@@ -74,9 +72,35 @@ _add = P.Add()
 _concat = P.Concat(0)
 _slice = P.Slice()
 _hyper_map = ops.HyperMap()
+_ONE = Tensor(1.0, ms.float32)
 
 _marked_square_sum = ops.MultitypeFuncGraph("gradmon_marked_square_sum")
 _square_sum = ops.MultitypeFuncGraph("gradmon_square_sum")
+_flat_f32 = ops.MultitypeFuncGraph("gradmon_flat_f32")
+_scaled = ops.MultitypeFuncGraph("gradmon_scaled")
+
+
+@_flat_f32.register("Tensor")
+def _flat_f32_of(g):
+    g = _reshape(g, (-1,))
+    return g if g.dtype == ms.float32 else _cast(g, ms.float32)
+
+
+@_scaled.register("Tensor", "Tensor")
+def _scaled_by(factor, g):
+    return _mul(g, factor) if g.dtype == ms.float32 else _mul(g, _cast(factor, g.dtype))
+
+
+def scaled_grads(grads: Any, factor: Tensor) -> tuple:
+    """Every gradient times ``factor`` (a float32 scalar), keeping each gradient's dtype: one multiply
+    per tensor, mapped over the tuple (a comprehension would keep ~1 MiB of graph per gradient)."""
+    return _hyper_map(ops.partial(_scaled, factor), grads)
+
+
+@_flat_f32.register("Tensor", "Tensor")
+def _flat_f32_after(prev, g):
+    # The previous piece's sum first: its buffers are free before this piece's are built.
+    return _flat_f32_of(_depend(g, prev))
 
 
 def _sum_of_squares(x: Tensor) -> Tensor:
@@ -139,25 +163,26 @@ def bucketed_square_sums(grads: Any, inv_scale: Any, plan: Any, fused_op: Any = 
     sharded groups (``None`` when a class has no group; uncounted groups are left out). Each
     piece's inputs wait (``depend``) for the previous piece's sum, so one piece's buffers (its
     float32 copy and its square) are alive at a time. ``fused_op``: run each piece through the fused
-    kernel instead of concatenating it.
+    kernel instead (it reads the tensors in place, so its pieces are not chained).
     """
     replicated, sharded = None, None
     prev = None
     for cls, pieces in plan:
         for first, stop, lo, hi in pieces:
             if fused_op is not None:
-                parts = []
-                for i in range(first, stop):
-                    parts.append(grads[i] if prev is None else _depend(grads[i], prev))
-                prev = fused_op(ops.ones((), ms.float32) if inv_scale is None else inv_scale, *parts)
+                # In place, no buffers: nothing to chain. A slice of the tuple, not a loop (see above).
+                prev = fused_op(_ONE if inv_scale is None else inv_scale, *grads[first:stop])
             else:
-                views = []
-                for i in range(first, stop):
-                    g = _reshape(grads[i] if prev is None else _depend(grads[i], prev), (-1,))
+                if stop - first == 1:  # one tensor, or a slice of it (cut before the cast: a bounded copy)
+                    x = _reshape(grads[first] if prev is None else _depend(grads[first], prev), (-1,))
                     if lo >= 0:
-                        g = _slice(g, (lo,), (hi - lo,))
-                    views.append(g if g.dtype == ms.float32 else _cast(g, ms.float32))
-                x = _concat(views) if len(views) > 1 else views[0]
+                        x = _slice(x, (lo,), (hi - lo,))
+                    if x.dtype != ms.float32:
+                        x = _cast(x, ms.float32)
+                elif prev is None:
+                    x = _concat(_hyper_map(_flat_f32, grads[first:stop]))
+                else:
+                    x = _concat(_hyper_map(ops.partial(_flat_f32, prev), grads[first:stop]))
                 if inv_scale is not None:
                     x = _mul(x, inv_scale)
                 prev = _reduce_sum(_square(x), ())
@@ -265,7 +290,7 @@ class GlobalNorm(nn.Cell):
                 total = total + self.all_reduce(sharded)
             return ops.sqrt(total), total
         if self.fused_each is not None:  # layer_stats with the fused kernel: one pass, per-tensor sums
-            vec = self.fused_each(ops.ones((), ms.float32) if scale is None else scale, *grads)
+            vec = self.fused_each(_ONE if scale is None else scale, *grads)
         else:
             sums = grad_scale_square_sums(grads, scale) if self.marked else tensor_square_sums(grads, scale)
             if self.all_replicated and not self.per_tensor:

@@ -75,12 +75,15 @@ def test_clip_by_global_norm_scales_like_reference(max_norm):
         np.testing.assert_allclose(_ref_norm([c.asnumpy() for c in clipped]), min(ref, max_norm), rtol=1e-5)
 
 
-def test_clip_keeps_half_precision_dtype():
-    arrays = [np.full((3,), 4.0, np.float16), np.full((2,), 3.0, np.float16)]
-    clipped, _ = clip_by_global_norm(tuple(Tensor(a) for a in arrays), 1.0)
-    assert [c.dtype for c in clipped] == [ms.float16, ms.float16]
+def test_clip_keeps_each_gradients_dtype_eager_and_jit():
+    # Mixed dtypes: the multiply is mapped over the tuple (HyperMap), each gradient in its own dtype.
+    arrays = [np.full((3,), 4.0, np.float16), np.full((2,), 3.0, np.float32), np.full((2,), 1.0, np.float16)]
     coef = 1.0 / (_ref_norm(arrays) + 1e-6)
-    np.testing.assert_allclose(clipped[0].asnumpy().astype(np.float32), 4.0 * coef, rtol=2e-3)
+    for clipped, _ in (clip_by_global_norm(tuple(Tensor(a) for a in arrays), 1.0),
+                       _jit_clip(tuple(Tensor(a) for a in arrays), Tensor(1.0, ms.float32))):
+        assert [c.dtype for c in clipped] == [ms.float16, ms.float32, ms.float16]
+        for c, a in zip(clipped, arrays):
+            np.testing.assert_allclose(c.asnumpy().astype(np.float32), a.astype(np.float32) * coef, rtol=2e-3)
 
 
 def test_squared_norms_per_tensor():

@@ -250,10 +250,17 @@ def test_strategy_functions_cast_half_precision_before_squaring():
               np.full((5, 5), 0.5, np.float32)]
     grads = tuple(Tensor(a) for a in arrays)
     expected = [float((a.astype(np.float64) ** 2).sum()) for a in arrays]
+    # Buckets of 50: the first tensor sliced, the next two concatenated after it (the chained path).
     plan = plan_groups([a.size for a in arrays], 50, False)
     replicated, sharded = bucketed_square_sums(grads, None, plan)
     assert sharded is None
     np.testing.assert_allclose(float(replicated.asnumpy()), sum(expected), rtol=1e-6)
+
+    @ms.jit
+    def compiled(gs):
+        return bucketed_square_sums(gs, None, plan)[0]
+
+    np.testing.assert_allclose(float(compiled(grads).asnumpy()), sum(expected), rtol=1e-6)
     marked = [float(s.asnumpy()[0]) for s in grad_scale_square_sums(grads)]
     plain = [float(s.asnumpy()) for s in tensor_square_sums(grads, Tensor(np.float32(0.5)))]
     np.testing.assert_allclose(marked, expected, rtol=1e-6)
