@@ -1,9 +1,8 @@
-/* The chart board: sections of chart cards, linked zoom, throttled redraws, theme. Browser only. */
+/* The chart board: sections of chart cards, linked zoom, paced redraws (lib/pacer.js), theme. Browser only. */
 (function (root) {
   "use strict";
   const L = root.GradmonLib;
   const A = root.GradmonApp;
-  const MIN_FRAME_MS = 100; // at most 10 redraws per second while streaming
   const ZOOM_SETTLE_MS = 350;
   const DARK = "(prefers-color-scheme: dark)";
   const NEAR_PX = 300; // a chart this close to the viewport is drawn
@@ -20,9 +19,11 @@
       this.panels = new Map(); // id -> ChartCard (drawn charts only; hidden ones have none)
       this.sections = new Map(); // id -> {el, grid, head, hiddenBox}
       this.dirty = false;
-      this.frame = 0;
-      this.frameDue = 0;
-      this.lastDraw = 0;
+      this.live = true; // only the stream asked for the pending redraw (see lib/pacer.js)
+      this.timer = 0;
+      this.timerDue = 0;
+      this.pass = null; // the redraw under way: {queue: [ChartCard], workMs}
+      this.pacer = new L.RedrawPacer();
       this.renderCount = 0;
       this.zoomTimer = null;
       this.zoom = null; // the settled zoom window {startValue, endValue} in x units; null = everything
@@ -38,82 +39,153 @@
       this.resizeObserver = new ResizeObserver((list) => {
         for (const e of list) {
           const card = this.panels.get(e.target.parentElement && e.target.parentElement.dataset.panel);
-          if (card && card.chart) card.chart.resize();
+          if (!card) continue;
+          card.width = e.target.clientWidth; // read here, where layout is done (no forced layout in a draw)
+          if (card.chart) card.chart.resize();
         }
       });
     }
 
+    /** Truthy while a redraw is scheduled or under way (`!dirty && !frame`: everything asked for is drawn). */
+    get frame() {
+      return this.timer || (this.pass ? 1 : 0);
+    }
+
     /**
-     * Ask for a redraw; coalesced to one per animation frame and at most every MIN_FRAME_MS. While
-     * the app holds drawing (`app.holdMs()` > 0: the runs shown at opening are still arriving), the
-     * redraw waits that long: one draw with every run instead of one per run.
+     * Ask for a redraw; coalesced, and paced by lib/pacer.js (`live`: only streamed records changed
+     * the data, a redraw that may wait longer). While the app holds drawing (`app.holdMs()` > 0: the runs
+     * shown at opening are still arriving), the redraw waits that long: one draw with every run
+     * instead of one per run.
      */
-    markDirty() {
+    markDirty(live) {
       this.dirty = true;
+      if (!live) this.live = false;
+      if (!this.pass) this._schedule();
+    }
+
+    _schedule() {
+      const now = performance.now();
       const hold = this.app.holdMs ? this.app.holdMs() : 0;
-      const wait = Math.max(hold, MIN_FRAME_MS - (performance.now() - this.lastDraw));
-      const due = performance.now() + wait;
-      if (this.frame) {
-        if (due >= this.frameDue - 1) return;
-        clearTimeout(this.frame); // the hold ended early (the last run arrived): draw sooner
+      const due = Math.max(now + hold, this.pacer.due(now, this.live));
+      if (this.timer) {
+        if (due >= this.timerDue - 1) return;
+        clearTimeout(this.timer); // the hold ended early (the last run arrived), or the reader acted: draw sooner
       }
-      this.frameDue = due;
-      this.frame = setTimeout(() => {
+      this.timerDue = due;
+      this.timer = setTimeout(() => {
         requestAnimationFrame(() => {
-          this.frame = 0;
-          if (!this.dirty) return;
-          if (this.app.holdMs && this.app.holdMs() > 0) this.markDirty();
+          this.timer = 0;
+          if (!this.dirty || this.pass) return;
+          if (this.app.holdMs && this.app.holdMs() > 0) this._schedule();
           else this.draw();
         });
-      }, wait);
+      }, due - now);
     }
 
     /** Chart width in px (for history resolution: about two points per pixel). */
     chartWidth() {
-      for (const c of this.panels.values()) if (c.chart && c.el.clientWidth) return c.el.clientWidth;
+      for (const c of this.panels.values()) if (c.chart && c.width) return c.width;
       // No chart yet: the width a card will get in the grid (minmax(min(100%, 440px), 1fr), 12px gaps).
       const w = this.container.clientWidth || 900;
       const cols = Math.max(1, Math.floor((w + 12) / 452));
       return Math.max(240, Math.floor((w - 12 * (cols - 1)) / cols) - 16);
     }
 
+    /**
+     * Start a redraw pass: lay out the sections and cards, then draw the charts near the viewport
+     * whose data or view changed, the first slice now and the rest a slice per animation frame.
+     */
     draw() {
+      const live = this.live;
       this.dirty = false;
-      this.lastDraw = performance.now();
+      this.live = true;
       this.renderCount++;
+      const now = performance.now();
+      this.pacer.started(now);
       const entries = this.app.entries();
-      const settings = this.app.settings();
       const fields = new Set();
       for (const e of entries) for (const f of e.run.fields()) fields.add(f);
-      const sections = L.sectionsFor(L.panelsFor(Array.from(fields)));
-      this._sync(sections);
-      const extent = this._extent(entries, settings.xMode);
-      const extentChanged = !this.extent || extent.min !== this.extent.min || extent.max !== this.extent.max;
-      this.extent = extent;
-      // About two points per pixel for one run; one per run when several share the chart (the
-      // min/max decimation keeps every spike and non-finite point either way).
-      const maxPoints = Math.round((entries.length > 1 ? 1 : 2) * this.chartWidth());
-      const versions = entries.map((e) => e.run.name + ":" + e.run.version + ":" + e.color).join(",");
+      this._sync(L.sectionsFor(L.panelsFor(Array.from(fields))));
+      const inputs = this._inputs(entries);
+      const stale = [];
       for (const card of this.panels.values()) {
-        const pv = this.app.panelView(card.panel.id);
-        card.sync(pv);
+        card.sync(this.app.panelView(card.panel.id));
         if (!card.visible) continue; // drawn when it comes near the viewport (_onVisibility)
-        if (!card.chart) this._initChart(card);
-        const win = this.win;
-        const key = [versions, settings.xMode, settings.smoothing, pv.scale, pv.ignoreOutliers, extent.min, extent.max,
-          win ? win.startValue + ":" + win.endValue : "", maxPoints, this.dark].join("|");
-        if (card.key === key) continue;
-        card.key = key;
-        const built = L.buildSeries(card.panel, entries, {
-          xMode: settings.xMode, smoothing: settings.smoothing, scale: pv.scale, ignoreOutliers: pv.ignoreOutliers, maxPoints, window: win,
-        });
-        card.render(built, extent, settings.xMode);
-        const drawn = entries.filter((e) => card.panel.fields.some((f) => e.run.pointCount(f) > 0));
-        card.setLegend(drawn.map((e) => ({ name: e.run.name, color: e.color })), card.panel.fields.some((f) => f.startsWith("eval/") && drawn.some((e) => e.run.pointCount(f) > 0)));
-        if (win && (card.fresh || extentChanged)) this._dispatch(card, win);
-        card.fresh = false;
+        if (card.chart && card.key === this._key(card, inputs)) continue;
+        const r = card.card.getBoundingClientRect();
+        stale.push({ card, top: r.top, bottom: r.bottom });
       }
-      this.app.afterDraw && this.app.afterDraw();
+      const queue = L.passOrder(stale, window.innerHeight).map((it) => it.card);
+      if (this.pass) cancelAnimationFrame(this.pass.raf); // (not expected: draw runs when no pass is under way)
+      this.pass = { queue, live, workMs: performance.now() - now, raf: 0 };
+      this._slice(inputs);
+    }
+
+    /** Draw the next charts of the pass (at least one), for about the pacer's slice of script time. */
+    _slice(inputs) {
+      const pass = this.pass;
+      const t0 = performance.now();
+      const current = inputs || this._inputs(this.app.entries()); // the data may have grown since the pass began
+      while (pass.queue.length) {
+        const card = pass.queue.shift();
+        if (this.panels.get(card.panel.id) !== card || !card.visible) continue; // gone or scrolled away meanwhile
+        this._drawCard(card, current);
+        if (this.pacer.sliceDone(t0, performance.now())) break;
+      }
+      pass.workMs += performance.now() - t0;
+      if (pass.queue.length) {
+        pass.raf = requestAnimationFrame(() => this._slice(null));
+        return;
+      }
+      this.pass = null;
+      this.pacer.ended(performance.now(), pass.workMs);
+      this.app.afterDraw && this.app.afterDraw(pass.live);
+      if (this.dirty) this._schedule();
+    }
+
+    /** What every chart of a redraw is drawn from: the runs, view settings, x extent, window, resolution. */
+    _inputs(entries) {
+      const settings = this.app.settings();
+      const extent = this._extent(entries, settings.xMode);
+      this.extent = extent;
+      return {
+        entries,
+        settings,
+        extent,
+        win: this.win,
+        // About two points per pixel for one run; one per run when several share the chart (the
+        // min/max decimation keeps every spike and non-finite point either way).
+        maxPoints: Math.round((entries.length > 1 ? 1 : 2) * this.chartWidth()),
+        versions: entries.map((e) => e.run.name + ":" + e.run.version + ":" + e.color).join(","),
+      };
+    }
+
+    /** A card's drawing is current while this key is unchanged. */
+    _key(card, inputs) {
+      const pv = this.app.panelView(card.panel.id);
+      const { settings, extent, win } = inputs;
+      return [inputs.versions, settings.xMode, settings.smoothing, pv.scale, pv.ignoreOutliers, extent.min, extent.max,
+        win ? win.startValue + ":" + win.endValue : "", inputs.maxPoints, this.dark].join("|");
+    }
+
+    _drawCard(card, inputs) {
+      if (!card.chart) this._initChart(card);
+      const key = this._key(card, inputs);
+      if (card.key === key) return;
+      card.key = key;
+      const { entries, settings, extent, win } = inputs;
+      const pv = this.app.panelView(card.panel.id);
+      const built = L.buildSeries(card.panel, entries, {
+        xMode: settings.xMode, smoothing: settings.smoothing, scale: pv.scale, ignoreOutliers: pv.ignoreOutliers, maxPoints: inputs.maxPoints, window: win,
+      });
+      card.render(built, extent, settings.xMode);
+      const drawn = entries.filter((e) => card.panel.fields.some((f) => e.run.pointCount(f) > 0));
+      card.setLegend(drawn.map((e) => ({ name: e.run.name, color: e.color })), card.panel.fields.some((f) => f.startsWith("eval/") && drawn.some((e) => e.run.pointCount(f) > 0)));
+      // The zoom window is kept in x units: dispatched again when the chart is new or its x extent moved.
+      const extentKey = extent.min + ":" + extent.max;
+      if (win && (card.fresh || card.extentKey !== extentKey)) this._dispatch(card, win);
+      card.extentKey = extentKey;
+      card.fresh = false;
     }
 
     _extent(entries, mode) {
@@ -194,6 +266,7 @@
 
     _initChart(card) {
       card.init(this.theme, this.dark);
+      card.width = card.el.clientWidth;
       card.fresh = true;
       card.key = null;
       this.resizeObserver.observe(card.el);
@@ -204,7 +277,7 @@
       const card = this.panels.get(id);
       if (!card) return null;
       card.visible = true;
-      this.draw();
+      this._drawCard(card, this._inputs(this.app.entries()));
       return card;
     }
 
