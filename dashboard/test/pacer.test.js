@@ -28,10 +28,11 @@ test("pacer: a streaming pass waits streamLoad x the last pass's script time aft
   }
 });
 
-test("pacer: a slice ends once it used sliceMs", () => {
+test("pacer: a streaming pass's slice ends once it used sliceMs; the reader's pass is one slice", () => {
   const p = new RedrawPacer({ sliceMs: 8 });
-  assert.equal(p.sliceDone(100, 104), false);
-  assert.equal(p.sliceDone(100, 108), true);
+  assert.equal(p.sliceDone(100, 104, true), false);
+  assert.equal(p.sliceDone(100, 108, true), true);
+  assert.equal(p.sliceDone(100, 1000, false), false);
   assert.equal(new RedrawPacer().sliceMs, REDRAW.SLICE_MS);
   p.ended(10, -3); // a clock step back never makes a negative cost
   assert.equal(p.lastWorkMs, 0);

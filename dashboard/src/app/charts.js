@@ -1,4 +1,4 @@
-/* The chart board: sections of chart cards, linked zoom, paced redraws (lib/pacer.js), theme. Browser only. */
+/* The chart board: sections of chart cards, linked zoom, paced redraws (app/redraw.js), theme. Browser only. */
 (function (root) {
   "use strict";
   const L = root.GradmonLib;
@@ -18,13 +18,14 @@
       this.app = app;
       this.panels = new Map(); // id -> ChartCard (drawn charts only; hidden ones have none)
       this.sections = new Map(); // id -> {el, grid, head, hiddenBox}
-      this.dirty = false;
-      this.live = true; // only the stream asked for the pending redraw (see lib/pacer.js)
-      this.timer = 0;
-      this.timerDue = 0;
-      this.pass = null; // the redraw under way: {queue: [ChartCard], workMs}
-      this.pacer = new L.RedrawPacer();
-      this.renderCount = 0;
+      this.redraw = new A.RedrawLoop({
+        holdMs: () => (this.app.holdMs ? this.app.holdMs() : 0),
+        begin: () => this._beginPass(),
+        inputs: () => this._inputs(this.app.entries()),
+        wanted: (card) => this.panels.get(card.panel.id) === card && card.visible,
+        drawCard: (card, inputs) => this._drawCard(card, inputs),
+        ended: (live) => this.app.afterDraw && this.app.afterDraw(live),
+      });
       this.zoomTimer = null;
       this.zoom = null; // the settled zoom window {startValue, endValue} in x units; null = everything
       this.win = null; // the window being shown (follows a gesture before it settles)
@@ -46,40 +47,27 @@
       });
     }
 
+    /** Whether a redraw is asked for and not yet begun. */
+    get dirty() {
+      return this.redraw.dirty;
+    }
+
     /** Truthy while a redraw is scheduled or under way (`!dirty && !frame`: everything asked for is drawn). */
     get frame() {
-      return this.timer || (this.pass ? 1 : 0);
+      return this.redraw.busy;
+    }
+
+    /** Redraws begun so far. */
+    get renderCount() {
+      return this.redraw.passes;
     }
 
     /**
-     * Ask for a redraw; coalesced, and paced by lib/pacer.js (`live`: only streamed records changed
-     * the data, a redraw that may wait longer). While the app holds drawing (`app.holdMs()` > 0: the runs
-     * shown at opening are still arriving), the redraw waits that long: one draw with every run
-     * instead of one per run.
+     * Ask for a redraw; coalesced and paced (app/redraw.js, lib/pacer.js). `live`: only streamed
+     * records changed the data, a redraw that may wait longer than one the reader asked for.
      */
     markDirty(live) {
-      this.dirty = true;
-      if (!live) this.live = false;
-      if (!this.pass) this._schedule();
-    }
-
-    _schedule() {
-      const now = performance.now();
-      const hold = this.app.holdMs ? this.app.holdMs() : 0;
-      const due = Math.max(now + hold, this.pacer.due(now, this.live));
-      if (this.timer) {
-        if (due >= this.timerDue - 1) return;
-        clearTimeout(this.timer); // the hold ended early (the last run arrived), or the reader acted: draw sooner
-      }
-      this.timerDue = due;
-      this.timer = setTimeout(() => {
-        requestAnimationFrame(() => {
-          this.timer = 0;
-          if (!this.dirty || this.pass) return;
-          if (this.app.holdMs && this.app.holdMs() > 0) this._schedule();
-          else this.draw();
-        });
-      }, due - now);
+      this.redraw.request(live);
     }
 
     /** Chart width in px (for history resolution: about two points per pixel). */
@@ -92,16 +80,10 @@
     }
 
     /**
-     * Start a redraw pass: lay out the sections and cards, then draw the charts near the viewport
-     * whose data or view changed, the first slice now and the rest a slice per animation frame.
+     * A redraw pass begins: lay out the sections and cards; the charts near the viewport whose data
+     * or view changed are to be drawn, those in the viewport first.
      */
-    draw() {
-      const live = this.live;
-      this.dirty = false;
-      this.live = true;
-      this.renderCount++;
-      const now = performance.now();
-      this.pacer.started(now);
+    _beginPass() {
       const entries = this.app.entries();
       const fields = new Set();
       for (const e of entries) for (const f of e.run.fields()) fields.add(f);
@@ -115,32 +97,7 @@
         const r = card.card.getBoundingClientRect();
         stale.push({ card, top: r.top, bottom: r.bottom });
       }
-      const queue = L.passOrder(stale, window.innerHeight).map((it) => it.card);
-      if (this.pass) cancelAnimationFrame(this.pass.raf); // (not expected: draw runs when no pass is under way)
-      this.pass = { queue, live, workMs: performance.now() - now, raf: 0 };
-      this._slice(inputs);
-    }
-
-    /** Draw the next charts of the pass (at least one), for about the pacer's slice of script time. */
-    _slice(inputs) {
-      const pass = this.pass;
-      const t0 = performance.now();
-      const current = inputs || this._inputs(this.app.entries()); // the data may have grown since the pass began
-      while (pass.queue.length) {
-        const card = pass.queue.shift();
-        if (this.panels.get(card.panel.id) !== card || !card.visible) continue; // gone or scrolled away meanwhile
-        this._drawCard(card, current);
-        if (this.pacer.sliceDone(t0, performance.now())) break;
-      }
-      pass.workMs += performance.now() - t0;
-      if (pass.queue.length) {
-        pass.raf = requestAnimationFrame(() => this._slice(null));
-        return;
-      }
-      this.pass = null;
-      this.pacer.ended(performance.now(), pass.workMs);
-      this.app.afterDraw && this.app.afterDraw(pass.live);
-      if (this.dirty) this._schedule();
+      return { queue: L.passOrder(stale, window.innerHeight).map((it) => it.card), inputs };
     }
 
     /** What every chart of a redraw is drawn from: the runs, view settings, x extent, window, resolution. */
