@@ -1,9 +1,9 @@
-/* The chart board: sections of chart cards, linked zoom, paced redraws (app/redraw.js), theme. Browser only. */
+/* The chart board: sections of chart cards, linked zoom (app/zoom.js), paced redraws (app/redraw.js),
+ * theme. Browser only. */
 (function (root) {
   "use strict";
   const L = root.GradmonLib;
   const A = root.GradmonApp;
-  const ZOOM_SETTLE_MS = 350;
   const DARK = "(prefers-color-scheme: dark)";
   const NEAR_PX = 300; // a chart this close to the viewport is drawn
 
@@ -11,7 +11,7 @@
     /**
      * container: the element holding the sections. app: {entries() -> [{run, color}], settings()
      * -> {xMode, smoothing}, panelView(id) -> {scale, ignoreOutliers, expanded, hidden}, tooltip,
-     * afterDraw(), onZoomEnd(zoom | null), onPanelChange(id, what, value), onExport(id, format)}.
+     * afterDraw(live), holdMs(), onZoomEnd(zoom | null), onPanelChange(id, what, value), onExport(id, format)}.
      */
     constructor(container, app) {
       this.container = container;
@@ -26,11 +26,11 @@
         drawCard: (card, inputs) => this._drawCard(card, inputs),
         ended: (live) => this.app.afterDraw && this.app.afterDraw(live),
       });
-      this.zoomTimer = null;
-      this.zoom = null; // the settled zoom window {startValue, endValue} in x units; null = everything
-      this.win = null; // the window being shown (follows a gesture before it settles)
       this.extent = null;
-      this.syncing = false;
+      this.linked = new A.LinkedZoom(this, (zoom) => {
+        this.markDirty(); // redraw the curves at full resolution for the new window
+        this.app.onZoomEnd(zoom);
+      });
       this.media = root.matchMedia ? root.matchMedia(DARK) : null;
       this.dark = !!(this.media && this.media.matches);
       this.theme = A.themeColors();
@@ -109,7 +109,7 @@
         entries,
         settings,
         extent,
-        win: this.win,
+        win: this.linked.win,
         // About two points per pixel for one run; one per run when several share the chart (the
         // min/max decimation keeps every spike and non-finite point either way).
         maxPoints: Math.round((entries.length > 1 ? 1 : 2) * this.chartWidth()),
@@ -140,7 +140,7 @@
       card.setLegend(drawn.map((e) => ({ name: e.run.name, color: e.color })), card.panel.fields.some((f) => f.startsWith("eval/") && drawn.some((e) => e.run.pointCount(f) > 0)));
       // The zoom window is kept in x units: dispatched again when the chart is new or its x extent moved.
       const extentKey = extent.min + ":" + extent.max;
-      if (win && (card.fresh || card.extentKey !== extentKey)) this._dispatch(card, win);
+      if (win && (card.fresh || card.extentKey !== extentKey)) this.linked.show(card, win);
       card.extentKey = extentKey;
       card.fresh = false;
     }
@@ -282,7 +282,7 @@
         onChange: (id, what, value) => this.app.onPanelChange(id, what, value),
         onExport: (id, format) => this.app.onExport(id, format),
         tooltip: (params, id) => this.app.tooltip(params, id),
-        onZoom: (c, ev) => this._onZoom(c, ev),
+        onZoom: (c, ev) => this.linked.onChartZoom(c, ev),
         onResetZoom: () => this.resetZoom(),
       });
       grid.appendChild(card.card);
@@ -292,56 +292,18 @@
       return card;
     }
 
-    /**
-     * Linked zoom: every chart has the same x extent, so one window in x units fits all. Done by
-     * hand rather than echarts.connect, which would also pop up every chart's tooltip at once.
-     */
-    _onZoom(source, ev) {
-      if (this.syncing) return;
-      const p = ev && ev.batch ? ev.batch[0] : ev || {};
-      let a = p.startValue;
-      let b = p.endValue;
-      if ((a === undefined || b === undefined) && this.extent && this.extent.min !== null) {
-        const dz = source.chart.getOption().dataZoom[0];
-        a = dz.startValue;
-        b = dz.endValue;
-      }
-      if (!Number.isFinite(a) || !Number.isFinite(b)) return;
-      this._setWindow(a, b, source);
-    }
-
-    _dispatch(card, win) {
-      this.syncing = true;
-      try {
-        if (win) card.chart.dispatchAction({ type: "dataZoom", startValue: win.startValue, endValue: win.endValue });
-        else card.chart.dispatchAction({ type: "dataZoom", start: 0, end: 100 });
-      } finally {
-        this.syncing = false;
-      }
-    }
-
-    _setWindow(a, b, source) {
-      const ext = this.extent;
-      const full = !ext || ext.min === null || (a <= ext.min + 1e-9 * Math.abs(ext.min || 1) && b >= ext.max - 1e-9 * Math.abs(ext.max || 1));
-      this.win = full ? null : { startValue: a, endValue: b };
-      for (const c of this.panels.values()) if (c !== source && c.chart) this._dispatch(c, this.win);
-      clearTimeout(this.zoomTimer);
-      // Refetch only when the user stops zooming: one request per gesture, not per wheel tick.
-      this.zoomTimer = setTimeout(() => {
-        this.zoom = this.win;
-        this.markDirty(); // redraw the curves at full resolution for the new window
-        this.app.onZoomEnd(this.zoom);
-      }, ZOOM_SETTLE_MS);
+    /** The settled zoom window {startValue, endValue} in x units; null = everything. */
+    get zoom() {
+      return this.linked.zoom;
     }
 
     /** Zoom every chart to [a, b] in x units. */
     zoomTo(a, b) {
-      if (!(b > a)) return;
-      this._setWindow(a, b, null);
+      this.linked.zoomTo(a, b);
     }
 
     resetZoom() {
-      this._setWindow(-Infinity, Infinity, null);
+      this.linked.reset();
     }
 
     /** Re-create the charts in the current theme (the system switched between light and dark). */
@@ -374,10 +336,7 @@
 
     /** Current x-axis zoom window of the first chart: {start, end} in percent, {startValue, endValue} in x units. */
     currentZoom() {
-      const first = Array.from(this.panels.values()).find((c) => c.chart);
-      if (!first) return null;
-      const dz = first.chart.getOption().dataZoom[0];
-      return { start: dz.start, end: dz.end, startValue: dz.startValue, endValue: dz.endValue };
+      return this.linked.current();
     }
   }
 
