@@ -123,6 +123,25 @@ test("a resumed run rolled back: the new segment replaces the steps it covers, l
   assert.deepEqual(run.marksOf("spike").map((m) => m.step), [30]);
 });
 
+test("flagged steps follow the marks: added live, dropped by a rollback, gone after a reset", () => {
+  const run = new RunData("r");
+  const hdr = (id) => ({ type: "header", schema: 1, run_id: id, start_time: 100 });
+  run.ingestRecord(hdr("a"));
+  for (let s = 1; s <= 20; s++) run.ingestRecord(step(s, { spike: s === 5 || s === 15 }));
+  assert.equal(run.hasFlags(), true);
+  assert.deepEqual([5, 6, 15].map((s) => run.flagged(s)), [true, false, true]); // (the set is built here)
+  run.ingestRecord(step(21, { nonfinite: true, skipped: true })); // a skip added after it was built
+  assert.equal(run.flagged(21), true);
+  run.ingestRecord(hdr("b")); // resumed from step 10: the old spike at 15 goes, 5 stays
+  for (let s = 11; s <= 16; s++) run.ingestRecord(step(s));
+  assert.deepEqual([5, 15, 21].map((s) => run.flagged(s)), [true, false, true]);
+  const version = run.version;
+  run.reset();
+  assert.equal(run.hasFlags(), false);
+  assert.equal(run.flagged(5), false);
+  assert.ok(run.version > version, "a reset never repeats an earlier version (redraw keys)");
+});
+
 test("a rollback under way in the history: live steps go on replacing from the latest segment's last step", () => {
   const steps = Array.from({ length: 40 }, (_, i) => i + 1);
   const h = history(steps, {

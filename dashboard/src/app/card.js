@@ -48,6 +48,7 @@
       this.el = el("div", "chart");
       this.card.append(head, this.legend, this.el);
       this.chart = null;
+      this.width = 0; // of the chart element, px (kept by the board's ResizeObserver)
     }
 
     _tools() {

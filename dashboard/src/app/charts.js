@@ -1,10 +1,9 @@
-/* The chart board: sections of chart cards, linked zoom, throttled redraws, theme. Browser only. */
+/* The chart board: sections of chart cards, linked zoom (app/zoom.js), paced redraws (app/redraw.js),
+ * theme. Browser only. */
 (function (root) {
   "use strict";
   const L = root.GradmonLib;
   const A = root.GradmonApp;
-  const MIN_FRAME_MS = 100; // at most 10 redraws per second while streaming
-  const ZOOM_SETTLE_MS = 350;
   const DARK = "(prefers-color-scheme: dark)";
   const NEAR_PX = 300; // a chart this close to the viewport is drawn
 
@@ -12,23 +11,26 @@
     /**
      * container: the element holding the sections. app: {entries() -> [{run, color}], settings()
      * -> {xMode, smoothing}, panelView(id) -> {scale, ignoreOutliers, expanded, hidden}, tooltip,
-     * afterDraw(), onZoomEnd(zoom | null), onPanelChange(id, what, value), onExport(id, format)}.
+     * afterDraw(live), holdMs(), onZoomEnd(zoom | null), onPanelChange(id, what, value), onExport(id, format)}.
      */
     constructor(container, app) {
       this.container = container;
       this.app = app;
       this.panels = new Map(); // id -> ChartCard (drawn charts only; hidden ones have none)
       this.sections = new Map(); // id -> {el, grid, head, hiddenBox}
-      this.dirty = false;
-      this.frame = 0;
-      this.frameDue = 0;
-      this.lastDraw = 0;
-      this.renderCount = 0;
-      this.zoomTimer = null;
-      this.zoom = null; // the settled zoom window {startValue, endValue} in x units; null = everything
-      this.win = null; // the window being shown (follows a gesture before it settles)
+      this.redraw = new A.RedrawLoop({
+        holdMs: () => (this.app.holdMs ? this.app.holdMs() : 0),
+        begin: () => this._beginPass(),
+        inputs: () => this._inputs(this.app.entries()),
+        wanted: (card) => this.panels.get(card.panel.id) === card && card.visible,
+        drawCard: (card, inputs) => this._drawCard(card, inputs),
+        ended: (live) => this.app.afterDraw && this.app.afterDraw(live),
+      });
       this.extent = null;
-      this.syncing = false;
+      this.linked = new A.LinkedZoom(this, (zoom) => {
+        this.markDirty(); // redraw the curves at full resolution for the new window
+        this.app.onZoomEnd(zoom);
+      });
       this.media = root.matchMedia ? root.matchMedia(DARK) : null;
       this.dark = !!(this.media && this.media.matches);
       this.theme = A.themeColors();
@@ -38,82 +40,109 @@
       this.resizeObserver = new ResizeObserver((list) => {
         for (const e of list) {
           const card = this.panels.get(e.target.parentElement && e.target.parentElement.dataset.panel);
-          if (card && card.chart) card.chart.resize();
+          if (!card) continue;
+          card.width = e.target.clientWidth; // read here, where layout is done (no forced layout in a draw)
+          if (card.chart) card.chart.resize();
         }
       });
     }
 
+    /** Whether a redraw is asked for and not yet begun. */
+    get dirty() {
+      return this.redraw.dirty;
+    }
+
+    /** Truthy while a redraw is scheduled or under way (`!dirty && !frame`: everything asked for is drawn). */
+    get frame() {
+      return this.redraw.busy;
+    }
+
+    /** Redraws begun so far. */
+    get renderCount() {
+      return this.redraw.passes;
+    }
+
     /**
-     * Ask for a redraw; coalesced to one per animation frame and at most every MIN_FRAME_MS. While
-     * the app holds drawing (`app.holdMs()` > 0: the runs shown at opening are still arriving), the
-     * redraw waits that long: one draw with every run instead of one per run.
+     * Ask for a redraw; coalesced and paced (app/redraw.js, lib/pacer.js). `live`: only streamed
+     * records changed the data, a redraw that may wait longer than one the reader asked for.
      */
-    markDirty() {
-      this.dirty = true;
-      const hold = this.app.holdMs ? this.app.holdMs() : 0;
-      const wait = Math.max(hold, MIN_FRAME_MS - (performance.now() - this.lastDraw));
-      const due = performance.now() + wait;
-      if (this.frame) {
-        if (due >= this.frameDue - 1) return;
-        clearTimeout(this.frame); // the hold ended early (the last run arrived): draw sooner
-      }
-      this.frameDue = due;
-      this.frame = setTimeout(() => {
-        requestAnimationFrame(() => {
-          this.frame = 0;
-          if (!this.dirty) return;
-          if (this.app.holdMs && this.app.holdMs() > 0) this.markDirty();
-          else this.draw();
-        });
-      }, wait);
+    markDirty(live) {
+      this.redraw.request(live);
     }
 
     /** Chart width in px (for history resolution: about two points per pixel). */
     chartWidth() {
-      for (const c of this.panels.values()) if (c.chart && c.el.clientWidth) return c.el.clientWidth;
+      for (const c of this.panels.values()) if (c.chart && c.width) return c.width;
       // No chart yet: the width a card will get in the grid (minmax(min(100%, 440px), 1fr), 12px gaps).
       const w = this.container.clientWidth || 900;
       const cols = Math.max(1, Math.floor((w + 12) / 452));
       return Math.max(240, Math.floor((w - 12 * (cols - 1)) / cols) - 16);
     }
 
-    draw() {
-      this.dirty = false;
-      this.lastDraw = performance.now();
-      this.renderCount++;
+    /**
+     * A redraw pass begins: lay out the sections and cards; the charts near the viewport whose data
+     * or view changed are to be drawn, those in the viewport first.
+     */
+    _beginPass() {
       const entries = this.app.entries();
-      const settings = this.app.settings();
       const fields = new Set();
       for (const e of entries) for (const f of e.run.fields()) fields.add(f);
-      const sections = L.sectionsFor(L.panelsFor(Array.from(fields)));
-      this._sync(sections);
-      const extent = this._extent(entries, settings.xMode);
-      const extentChanged = !this.extent || extent.min !== this.extent.min || extent.max !== this.extent.max;
-      this.extent = extent;
-      // About two points per pixel for one run; one per run when several share the chart (the
-      // min/max decimation keeps every spike and non-finite point either way).
-      const maxPoints = Math.round((entries.length > 1 ? 1 : 2) * this.chartWidth());
-      const versions = entries.map((e) => e.run.name + ":" + e.run.version + ":" + e.color).join(",");
+      this._sync(L.sectionsFor(L.panelsFor(Array.from(fields))));
+      const inputs = this._inputs(entries);
+      const stale = [];
       for (const card of this.panels.values()) {
-        const pv = this.app.panelView(card.panel.id);
-        card.sync(pv);
+        card.sync(this.app.panelView(card.panel.id));
         if (!card.visible) continue; // drawn when it comes near the viewport (_onVisibility)
-        if (!card.chart) this._initChart(card);
-        const win = this.win;
-        const key = [versions, settings.xMode, settings.smoothing, pv.scale, pv.ignoreOutliers, extent.min, extent.max,
-          win ? win.startValue + ":" + win.endValue : "", maxPoints, this.dark].join("|");
-        if (card.key === key) continue;
-        card.key = key;
-        const built = L.buildSeries(card.panel, entries, {
-          xMode: settings.xMode, smoothing: settings.smoothing, scale: pv.scale, ignoreOutliers: pv.ignoreOutliers, maxPoints, window: win,
-        });
-        card.render(built, extent, settings.xMode);
-        const drawn = entries.filter((e) => card.panel.fields.some((f) => e.run.pointCount(f) > 0));
-        card.setLegend(drawn.map((e) => ({ name: e.run.name, color: e.color })), card.panel.fields.some((f) => f.startsWith("eval/") && drawn.some((e) => e.run.pointCount(f) > 0)));
-        if (win && (card.fresh || extentChanged)) this._dispatch(card, win);
-        card.fresh = false;
+        if (card.chart && card.key === this._key(card, inputs)) continue;
+        const r = card.card.getBoundingClientRect();
+        stale.push({ card, top: r.top, bottom: r.bottom });
       }
-      this.app.afterDraw && this.app.afterDraw();
+      return { queue: L.passOrder(stale, window.innerHeight).map((it) => it.card), inputs };
+    }
+
+    /** What every chart of a redraw is drawn from: the runs, view settings, x extent, window, resolution. */
+    _inputs(entries) {
+      const settings = this.app.settings();
+      const extent = this._extent(entries, settings.xMode);
+      this.extent = extent;
+      return {
+        entries,
+        settings,
+        extent,
+        win: this.linked.win,
+        // About two points per pixel for one run; one per run when several share the chart (the
+        // min/max decimation keeps every spike and non-finite point either way).
+        maxPoints: Math.round((entries.length > 1 ? 1 : 2) * this.chartWidth()),
+        versions: entries.map((e) => e.run.name + ":" + e.run.version + ":" + e.color).join(","),
+      };
+    }
+
+    /** A card's drawing is current while this key is unchanged. */
+    _key(card, inputs) {
+      const pv = this.app.panelView(card.panel.id);
+      const { settings, extent, win } = inputs;
+      return [inputs.versions, settings.xMode, settings.smoothing, pv.scale, pv.ignoreOutliers, extent.min, extent.max,
+        win ? win.startValue + ":" + win.endValue : "", inputs.maxPoints, this.dark].join("|");
+    }
+
+    _drawCard(card, inputs) {
+      if (!card.chart) this._initChart(card);
+      const key = this._key(card, inputs);
+      if (card.key === key) return;
+      card.key = key;
+      const { entries, settings, extent, win } = inputs;
+      const pv = this.app.panelView(card.panel.id);
+      const built = L.buildSeries(card.panel, entries, {
+        xMode: settings.xMode, smoothing: settings.smoothing, scale: pv.scale, ignoreOutliers: pv.ignoreOutliers, maxPoints: inputs.maxPoints, window: win,
+      });
+      card.render(built, extent, settings.xMode);
+      const drawn = entries.filter((e) => card.panel.fields.some((f) => e.run.pointCount(f) > 0));
+      card.setLegend(drawn.map((e) => ({ name: e.run.name, color: e.color })), card.panel.fields.some((f) => f.startsWith("eval/") && drawn.some((e) => e.run.pointCount(f) > 0)));
+      // The zoom window is kept in x units: dispatched again when the chart is new or its x extent moved.
+      const extentKey = extent.min + ":" + extent.max;
+      if (win && (card.fresh || card.extentKey !== extentKey)) this.linked.show(card, win);
+      card.extentKey = extentKey;
+      card.fresh = false;
     }
 
     _extent(entries, mode) {
@@ -194,6 +223,7 @@
 
     _initChart(card) {
       card.init(this.theme, this.dark);
+      card.width = card.el.clientWidth;
       card.fresh = true;
       card.key = null;
       this.resizeObserver.observe(card.el);
@@ -204,7 +234,7 @@
       const card = this.panels.get(id);
       if (!card) return null;
       card.visible = true;
-      this.draw();
+      this._drawCard(card, this._inputs(this.app.entries()));
       return card;
     }
 
@@ -252,7 +282,7 @@
         onChange: (id, what, value) => this.app.onPanelChange(id, what, value),
         onExport: (id, format) => this.app.onExport(id, format),
         tooltip: (params, id) => this.app.tooltip(params, id),
-        onZoom: (c, ev) => this._onZoom(c, ev),
+        onZoom: (c, ev) => this.linked.onChartZoom(c, ev),
         onResetZoom: () => this.resetZoom(),
       });
       grid.appendChild(card.card);
@@ -262,56 +292,18 @@
       return card;
     }
 
-    /**
-     * Linked zoom: every chart has the same x extent, so one window in x units fits all. Done by
-     * hand rather than echarts.connect, which would also pop up every chart's tooltip at once.
-     */
-    _onZoom(source, ev) {
-      if (this.syncing) return;
-      const p = ev && ev.batch ? ev.batch[0] : ev || {};
-      let a = p.startValue;
-      let b = p.endValue;
-      if ((a === undefined || b === undefined) && this.extent && this.extent.min !== null) {
-        const dz = source.chart.getOption().dataZoom[0];
-        a = dz.startValue;
-        b = dz.endValue;
-      }
-      if (!Number.isFinite(a) || !Number.isFinite(b)) return;
-      this._setWindow(a, b, source);
-    }
-
-    _dispatch(card, win) {
-      this.syncing = true;
-      try {
-        if (win) card.chart.dispatchAction({ type: "dataZoom", startValue: win.startValue, endValue: win.endValue });
-        else card.chart.dispatchAction({ type: "dataZoom", start: 0, end: 100 });
-      } finally {
-        this.syncing = false;
-      }
-    }
-
-    _setWindow(a, b, source) {
-      const ext = this.extent;
-      const full = !ext || ext.min === null || (a <= ext.min + 1e-9 * Math.abs(ext.min || 1) && b >= ext.max - 1e-9 * Math.abs(ext.max || 1));
-      this.win = full ? null : { startValue: a, endValue: b };
-      for (const c of this.panels.values()) if (c !== source && c.chart) this._dispatch(c, this.win);
-      clearTimeout(this.zoomTimer);
-      // Refetch only when the user stops zooming: one request per gesture, not per wheel tick.
-      this.zoomTimer = setTimeout(() => {
-        this.zoom = this.win;
-        this.markDirty(); // redraw the curves at full resolution for the new window
-        this.app.onZoomEnd(this.zoom);
-      }, ZOOM_SETTLE_MS);
+    /** The settled zoom window {startValue, endValue} in x units; null = everything. */
+    get zoom() {
+      return this.linked.zoom;
     }
 
     /** Zoom every chart to [a, b] in x units. */
     zoomTo(a, b) {
-      if (!(b > a)) return;
-      this._setWindow(a, b, null);
+      this.linked.zoomTo(a, b);
     }
 
     resetZoom() {
-      this._setWindow(-Infinity, Infinity, null);
+      this.linked.reset();
     }
 
     /** Re-create the charts in the current theme (the system switched between light and dark). */
@@ -344,10 +336,7 @@
 
     /** Current x-axis zoom window of the first chart: {start, end} in percent, {startValue, endValue} in x units. */
     currentZoom() {
-      const first = Array.from(this.panels.values()).find((c) => c.chart);
-      if (!first) return null;
-      const dz = first.chart.getOption().dataZoom[0];
-      return { start: dz.start, end: dz.end, startValue: dz.startValue, endValue: dz.endValue };
+      return this.linked.current();
     }
   }
 

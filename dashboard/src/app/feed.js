@@ -10,8 +10,8 @@
 
   class Feed {
     /**
-     * state: the page's state ({mode, runs, streams, runsInfo, ...}). hooks: {changed(),
-     * setRunsInfo(list), notice(text, isError), historyPoints(), smoothing(), xMode(), shown() ->
+     * state: the page's state ({mode, runs, streams, runsInfo, ...}). hooks: {changed(), streamed()
+     * (records of a followed run applied), setRunsInfo(list), notice(text, isError), historyPoints(), smoothing(), xMode(), shown() ->
      * [RunData], onConnection(s), token}.
      */
     constructor(state, hooks) {
@@ -151,7 +151,7 @@
       const info = this.state.runsInfo.get(msg.run);
       if (info && run.lastStep !== null) info.last_step = run.lastStep;
       this.state.liveRecords += (msg.records || []).length;
-      this.hooks.changed();
+      this.hooks.streamed();
     }
 
     /** Smoothing changed: runs that should now be held at full resolution are fetched again. */

@@ -9,7 +9,7 @@
   /** Redraw `box` for the shown entries ([{run, color}]); hidden when no run has a layers record. */
   function renderLayers(box, entries) {
     const shown = entries.filter((e) => e.run.layers);
-    const key = shown.map((e) => e.run.name + "@" + e.run.layers.step + ":" + e.run.version).join(",");
+    const key = shown.map((e) => e.run.name + "@" + e.run.layers.step + ":" + e.run.layersVersion).join(",");
     if (box.dataset.key === key) return;
     box.dataset.key = key;
     box.textContent = "";

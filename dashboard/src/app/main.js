@@ -163,22 +163,39 @@
 
   // ---------------------------------------------------------------- drawing
 
+  /** Something the reader sees changed (data loaded, view, selection): redraw soon. */
   function changed() {
     if (board) board.markDirty();
-    if (banner) banner.render(loadedRuns());
-    A.renderLayers($("#layers"), entries());
-    $("#empty").hidden = entries().some((e) => e.run.fields().length > 0);
+    renderStatus();
   }
 
-  function afterDraw() {
-    if (table) table.refresh();
+  /**
+   * Streamed records were applied: the board redraws at its streaming pace and the layers table
+   * follows that redraw; the banner renders now (cheap unless its incidents changed), so an alarm is
+   * news, or known, at the moment it arrives, not when the charts next draw (notifications).
+   */
+  function streamed() {
+    if (board) board.markDirty(true);
+    if (banner) banner.render(loadedRuns());
+  }
+
+  /** The banner, the layers table and the empty-page note. */
+  function renderStatus() {
+    if (banner) banner.render(loadedRuns());
+    const shown = entries();
+    A.renderLayers($("#layers"), shown);
+    $("#empty").hidden = shown.some((e) => e.run.fields().length > 0);
+  }
+
+  /** After each redraw (`live`: one only the stream asked for, whose run-table refresh may wait). */
+  function afterDraw(live) {
+    if (table) table.refresh(live);
     // A chart expanded in the URL's view is where the reader is meant to look.
     if (state.view.expanded && !scrolledToExpanded && board.panels.has(state.view.expanded)) {
       scrolledToExpanded = true;
       board.panels.get(state.view.expanded).card.scrollIntoView({ block: "start" });
     }
-    banner.render(loadedRuns());
-    $("#empty").hidden = entries().some((e) => e.run.fields().length > 0);
+    renderStatus();
     // A zoom from the URL is applied once the runs shown at opening have their data.
     if (state.pendingZoom && board.extent && board.extent.min !== null && state.selected.every((n) => !state.runsInfo.has(n) || loadedRuns().includes(n))) {
       const [a, b] = state.pendingZoom;
@@ -322,6 +339,7 @@
       token: parsed.other.filter(([k]) => k === "token").map(([, v]) => v)[0] || null,
       fullResMax: fullResParam,
       changed,
+      streamed,
       setRunsInfo,
       notice(text, isError) {
         listed = true; // (a failed run list must not hold the first draw)

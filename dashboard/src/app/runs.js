@@ -6,6 +6,7 @@
   const L = root.GradmonLib;
   const A = root.GradmonApp;
   const el = A.el;
+  const LIVE_REFRESH_MS = 1000; // while streaming, the live cells change at most once a second
 
   class RunTable {
     /**
@@ -21,6 +22,8 @@
       this.diffOnly = box.querySelector("#diff-only");
       this.count = box.querySelector(".runs-count");
       this.note = box.querySelector(".runs-note");
+      this.refreshedAt = -Infinity;
+      this.refreshTimer = 0;
       this.filterInput.value = app.filterText();
       this.filterInput.addEventListener("input", () => this.app.onFilter(this.filterInput.value));
       this.diffOnly.addEventListener("change", () => this.render());
@@ -91,12 +94,25 @@
       return tr;
     }
 
-    /** Update the live cells (steps, last loss and norm) without rebuilding the table (a rebuild would eat clicks). */
-    refresh() {
+    /**
+     * Update the live cells (steps, last loss and norm) without rebuilding the table (a rebuild would
+     * eat clicks). `live`: asked after a redraw only the stream caused; then at most once per
+     * LIVE_REFRESH_MS (the last values follow within that time).
+     */
+    refresh(live) {
+      const now = performance.now();
+      if (live && now - this.refreshedAt < LIVE_REFRESH_MS) {
+        if (!this.refreshTimer) this.refreshTimer = setTimeout(() => this.refresh(), LIVE_REFRESH_MS - (now - this.refreshedAt));
+        return;
+      }
+      clearTimeout(this.refreshTimer);
+      this.refreshTimer = 0;
+      this.refreshedAt = now;
+      const infos = new Map(this.app.infos().map((i) => [i.name, i]));
       for (const tr of this.table.querySelectorAll("tr.run")) {
         const name = tr.dataset.run;
         const run = this.app.run(name);
-        const info = this.app.infos().find((i) => i.name === name);
+        const info = infos.get(name);
         const last = run && run.lastStep !== null ? run.lastStep : info && info.last_step !== undefined ? info.last_step : null;
         setText(tr.querySelector(".steps"), last === null || last === undefined ? "—" : String(last));
         setText(tr.querySelector(".last-loss"), run ? L.formatValue(run.lastValue("loss")) : "—");

@@ -162,7 +162,7 @@
       if (panel.marks) flagsOf.push({ run, color });
     }
     const range = lib.yRange(
-      drawn.map((d) => ({ values: d.points.map((p) => p[1]), skip: (i) => d.run.flagged(d.points[i][2]) })),
+      drawn.map((d) => ({ values: d.points.map((p) => p[1]), skip: d.run.hasFlags() ? (i) => d.run.flagged(d.points[i][2]) : null })),
       log,
       settings.ignoreOutliers !== false,
     );

@@ -36,12 +36,16 @@
       const opts = options || {};
       this.name = name;
       this.cap = opts.cap || lib.DEFAULT_CAP;
+      // Bumped on every change, never reset (redraw keys: a reload must not repeat an older key).
+      this.version = 0;
+      this.layersVersion = 0; // bumped whenever `layers` is set
       this.reset();
     }
 
     reset() {
       this.series = new Map();
       this.marks = new Map(); // "kind:step" (nonfinite: "nonfinite:field:step") -> {kind, step, field, value, sources}
+      this.flagSteps = null; // steps of the spike and skip marks (built when asked, dropped when marks go)
       this.events = []; // the latest events other than alarms
       this.alarmEvents = []; // alarm, alarm_end and abort events, in file order, each once
       this.alarmKeys = new Set(); // alarmKey of each of them
@@ -56,7 +60,7 @@
       this.layers = null; // the latest `layers` record (per-parameter top-k table), decoded
       this.skippedLines = 0;
       this.malformed = 0;
-      this.version = 0;
+      this.version++;
       this.smoothCache = new Map();
     }
 
@@ -109,12 +113,26 @@
     }
 
     _keep() {
-      return (step) => this.marks.has("spike:" + step) || this.marks.has("skip:" + step);
+      return (step) => this.flagged(step);
     }
 
     /** Whether a step carries a detector flag (spike or skip): left out of a chart's outlier range. */
     flagged(step) {
-      return this.marks.has("spike:" + step) || this.marks.has("skip:" + step);
+      return this._flagSteps().has(step);
+    }
+
+    /** Whether any step carries a detector flag. */
+    hasFlags() {
+      return this._flagSteps().size > 0;
+    }
+
+    /** The steps with a spike or skip mark, as numbers (a redraw asks once per point in view). */
+    _flagSteps() {
+      if (!this.flagSteps) {
+        this.flagSteps = new Set();
+        for (const m of this.marks.values()) if (m.kind === "spike" || m.kind === "skip") this.flagSteps.add(m.step);
+      }
+      return this.flagSteps;
     }
 
     _put(field, step, value) {
@@ -139,6 +157,7 @@
       const mark = { kind, step, field, value, sources: [source], seg };
       if (reason !== undefined) mark.reason = reason;
       this.marks.set(key, mark);
+      if (this.flagSteps && (kind === "spike" || kind === "skip")) this.flagSteps.add(step);
       this.segments.held(step);
       return mark;
     }
@@ -211,6 +230,7 @@
     _setLayers(rec) {
       if (!rec || !Array.isArray(rec.top)) return false;
       this.layers = rec;
+      this.layersVersion++;
       return true;
     }
 
@@ -224,6 +244,7 @@
       const inRange = (s) => typeof s === "number" && s >= from && s <= to;
       for (const s of this.series.values()) s.removeRange(from, to);
       for (const [k, m] of this.marks) if (inRange(m.step) && older(m.seg)) this.marks.delete(k);
+      this.flagSteps = null;
       const keep = (e) => !(inRange(e.step) && older(this.eventTags.get(e)));
       this.events = this.events.filter(keep);
       this.alarmEvents = this.alarmEvents.filter(keep);
