@@ -104,3 +104,31 @@ test("reset: an empty new file waits for its first line; otherwise reload", () =
   assert.equal(S.fileArrived(st, { cursor: cur(0, "g2") }), true);
   assert.equal(S.resetAction(followed(10), { cursor: cur(0, "g2") }), "reload");
 });
+
+test("early history: the runs the URL names are asked for at once, each answer taken once by its first load", async () => {
+  const asked = [];
+  const early = new S.EarlyHistory(["a", "b"], 0, (name) => {
+    asked.push(name);
+    return Promise.resolve({ run: name, cursor: cur(5) });
+  });
+  assert.deepEqual(asked, ["a", "b"]); // sent in the constructor, before any list
+  assert.deepEqual(await early.take("a", false), { run: "a", cursor: cur(5) });
+  assert.equal(await early.take("a", false), null); // a refetch asks the server again
+  early.clear(); // the list came without "b": its answer is dropped
+  assert.equal(await early.take("b", false), null);
+});
+
+test("early history: none for the default selection or with smoothing on; a failed or too coarse answer is asked again", async () => {
+  const ask = () => {
+    throw new Error("must not ask");
+  };
+  assert.equal(new S.EarlyHistory(null, 0, ask).pending.size, 0); // the runs shown come from the list
+  assert.equal(new S.EarlyHistory(["a"], 0.6, ask).pending.size, 0); // how many points depends on the run's size
+  const failing = new S.EarlyHistory(["gone"], 0, () => Promise.reject(new Error("HTTP 404")));
+  assert.equal(await failing.take("gone", false), null); // (no unhandled rejection either: the test runner would fail)
+  let dropped = false;
+  const coarse = new S.EarlyHistory(["a"], 0, () => Promise.resolve({ run: "a" }).finally(() => (dropped = true)));
+  assert.equal(await coarse.take("a", true), null); // exact smoothing wants every step: not this answer
+  assert.ok(dropped);
+  assert.equal(await new S.EarlyHistory(null).take("x", false), null);
+});

@@ -12,13 +12,14 @@
     /**
      * state: the page's state ({mode, runs, streams, runsInfo, ...}). hooks: {changed(), streamed()
      * (records of a followed run applied), setRunsInfo(list), notice(text, isError), historyPoints(), smoothing(), xMode(), shown() ->
-     * [RunData], onConnection(s), token}.
+     * [RunData], namedRuns() -> the runs the URL names (null: the default selection), onConnection(s), token}.
      */
     constructor(state, hooks) {
       this.state = state;
       this.hooks = hooks;
       this.client = null;
       this.zoomKeys = new Map();
+      this.early = new L.EarlyHistory(null); // history requests sent before the run list came (start())
       // `?fullres=N` lowers the bound (less memory per run; also how the tests reach the lead-in path).
       this.fullResMax = hooks.fullResMax > 0 ? Math.min(FULL_RES_MAX, hooks.fullResMax) : FULL_RES_MAX;
     }
@@ -27,13 +28,18 @@
 
     async start() {
       this.client = new A.Client({ token: this.hooks.token, onMessage: (m) => this.onMessage(m), onState: (s) => this.hooks.onConnection(s) });
+      this.early = new L.EarlyHistory(this.hooks.namedRuns(), this.hooks.smoothing(), (name) => {
+        this.state.fetches++;
+        return this.client.history(name, { points: this.hooks.historyPoints() });
+      });
       try {
         this.state.fetches++;
         const body = await this.client.runs();
-        this.hooks.setRunsInfo(body.runs);
+        this.hooks.setRunsInfo(body.runs); // (the runs it follows take their early answers here)
       } catch (e) {
         this.hooks.notice("Could not list runs: " + e.message, true);
       }
+      this.early.clear();
       this.client.connect();
     }
 
@@ -74,8 +80,9 @@
         const run = this.state.runs.get(name);
         let cursor = null;
         try {
-          this.state.fetches++;
-          const resp = await this.client.history(name, { points: this._points(name) });
+          const early = await this.early.take(name, this.wantsFullResolution(name));
+          if (!early) this.state.fetches++;
+          const resp = early || (await this.client.history(name, { points: this._points(name) }));
           if (this.state.runs.get(name) !== run) return; // unfollowed meanwhile
           // Held at full resolution (every step kept as it streams in) only for exact smoothing.
           run.cap = resp.exact && this.wantsFullResolution(name) ? this.fullResMax : L.DEFAULT_CAP;

@@ -346,6 +346,7 @@
         setNotice(text, isError);
       },
       historyPoints,
+      namedRuns: () => state.view.runs,
       smoothing: () => state.view.smoothing,
       xMode: () => state.view.xMode,
       zoom: () => board.zoom,

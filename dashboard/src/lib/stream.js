@@ -140,8 +140,42 @@
     return !!(st && st.awaitingFile && info && info.cursor && info.cursor.gen);
   }
 
+  /**
+   * History requests sent before the run list comes. The runs the page's URL names are known at
+   * once: their requests go out beside the list's instead of after it (the first chart's data one
+   * round trip sooner). Not with smoothing on: how many points to ask for then depends on the
+   * run's size, which the list gives. `ask(name)` -> a promise of the run's history answer.
+   */
+  class EarlyHistory {
+    constructor(named, smoothing, ask) {
+      this.pending = new Map();
+      if (!named || smoothing > 0) return;
+      for (const name of named) {
+        const request = ask(name);
+        request.catch(() => {}); // a failure is take()'s to see, or nobody's
+        this.pending.set(name, request);
+      }
+    }
+
+    /**
+     * The early answer for a run's first load, once: a promise of it, or of null when there is
+     * none, it failed (ask again), or `fullResolution` is wanted (more points than were asked for).
+     */
+    take(name, fullResolution) {
+      const request = this.pending.get(name);
+      this.pending.delete(name);
+      if (!request || fullResolution) return Promise.resolve(null);
+      return request.then((answer) => answer || null, () => null);
+    }
+
+    /** The run list came: answers not taken by then are for runs it lacks (or their 404s). */
+    clear() {
+      this.pending.clear();
+    }
+  }
+
   return {
     newStreamState, requestLoad, loaded, recordsAction, advance, applied, subscribeCursors, subscribed,
-    helloReloads, resetAction, fileArrived,
+    helloReloads, resetAction, fileArrived, EarlyHistory,
   };
 });

@@ -1,0 +1,142 @@
+"use strict";
+// The page's feed (app/feed.js) on a fake server: when the history requests go out at opening.
+const test = require("node:test");
+const assert = require("node:assert/strict");
+const fs = require("node:fs");
+const path = require("node:path");
+const vm = require("node:vm");
+
+const LIB = Object.assign({}, require("../src/lib/series.js"), require("../src/lib/rundata.js"), require("../src/lib/stream.js"));
+
+function deferred() {
+  let resolve, reject;
+  const promise = new Promise((a, b) => ((resolve = a), (reject = b)));
+  return { promise, resolve, reject };
+}
+
+/** A server whose answers the test gives: every request is logged and left pending until then. */
+class FakeClient {
+  constructor() {
+    this.log = [];
+    this.pending = [];
+    this.sent = [];
+    this.connected = false;
+  }
+  _ask(what) {
+    const d = deferred();
+    this.log.push(what);
+    this.pending.push({ what, d });
+    return d.promise;
+  }
+  runs() {
+    return this._ask("runs");
+  }
+  history(name, params) {
+    return this._ask("history " + name + " " + params.points);
+  }
+  answer(what, body, status) {
+    const i = this.pending.findIndex((p) => p.what === what);
+    assert.ok(i >= 0, "no pending " + what + " (pending: " + this.pending.map((p) => p.what) + ")");
+    const [p] = this.pending.splice(i, 1);
+    if (status) p.d.reject(Object.assign(new Error("HTTP " + status), { status }));
+    else p.d.resolve(body);
+  }
+  connect() {
+    this.connected = true;
+  }
+  send(msg) {
+    this.sent.push(msg);
+    return true;
+  }
+}
+
+/** The Feed class as the page loads it (a classic script on `self`), with the fake client. */
+function loadFeed(client) {
+  const sandbox = { GradmonLib: LIB, GradmonApp: { Client: function () { return client; } }, console };
+  sandbox.self = sandbox;
+  vm.runInNewContext(fs.readFileSync(path.join(__dirname, "..", "src", "app", "feed.js"), "utf8"), sandbox);
+  return sandbox.GradmonApp.Feed;
+}
+
+/** A page opened on `named` runs (null: the default view) with `smoothing`, as main.js wires it. */
+function openPage(named, smoothing) {
+  const client = new FakeClient();
+  const Feed = loadFeed(client);
+  const state = { mode: "live", runs: new Map(), streams: new Map(), runsInfo: new Map(), fetches: 0 };
+  const notices = [];
+  let feed = null;
+  feed = new Feed(state, {
+    changed() {},
+    streamed() {},
+    setRunsInfo(list) {
+      for (const r of list) state.runsInfo.set(r.name, r);
+      const shown = named || list.map((r) => r.name);
+      for (const n of shown) if (state.runsInfo.has(n)) feed.follow(n);
+    },
+    notice: (text) => notices.push(text),
+    historyPoints: () => 1200,
+    namedRuns: () => named,
+    smoothing: () => smoothing,
+    xMode: () => "step",
+    zoom: () => null,
+    shown: () => Array.from(state.runs.values()),
+    onConnection() {},
+  });
+  return { client, feed, state, notices, started: feed.start() };
+}
+
+const settle = () => new Promise((r) => setTimeout(r, 0));
+const HISTORY = { run: "big", exact: false, cursor: { gen: "g", offset: 100 }, series: { loss: { step: [1, 500, 1000], value: [3, 2, 1] } } };
+
+test("the runs the URL names are asked for beside the run list, once each; a named run the list lacks costs no notice", async () => {
+  const { client, state, notices, started } = openPage(["big", "gone"], 0);
+  assert.deepEqual(client.log, ["history big 1200", "history gone 1200", "runs"]); // not after the list
+  client.answer("history big 1200", HISTORY);
+  client.answer("history gone 1200", null, 404);
+  await settle();
+  assert.equal(state.runs.size, 0); // nothing is followed before the list says the run exists
+  client.answer("runs", { runs: [{ name: "big", records: 1000 }] });
+  await started;
+  await settle();
+  assert.deepEqual(client.log, ["history big 1200", "history gone 1200", "runs"]); // no second request
+  assert.equal(state.runs.get("big").pointCount("loss"), 3);
+  assert.ok(!state.streams.get("big").loading);
+  // streamed from its cursor (JSON: the message was built in the page's realm)
+  assert.deepEqual(JSON.parse(JSON.stringify(client.sent)), [{ type: "subscribe", runs: { big: { gen: "g", offset: 100 } } }]);
+  assert.ok(client.connected);
+  assert.deepEqual(notices, []);
+  assert.equal(state.fetches, 3);
+});
+
+test("without runs in the URL, or with smoothing on, the history waits for the run list (it decides what to ask)", async () => {
+  for (const [named, smoothing, points] of [[null, 0, 1200], [["big"], 0.6, 1200]]) {
+    const { client, state, started } = openPage(named, smoothing);
+    assert.deepEqual(client.log, ["runs"]);
+    client.answer("runs", { runs: [{ name: "big", records: 200000 }] }); // beyond the full-resolution bound
+    await started;
+    await settle();
+    assert.deepEqual(client.log, ["runs", "history big " + points]);
+    client.answer("history big " + points, HISTORY);
+    await settle();
+    assert.equal(state.runs.get("big").pointCount("loss"), 3);
+  }
+  // smoothing on and a run small enough for exact smoothing: every step is asked for
+  const { client, started } = openPage(["small"], 0.6);
+  client.answer("runs", { runs: [{ name: "small", records: 5000 }] });
+  await started;
+  await settle();
+  assert.deepEqual(client.log, ["runs", "history small 5600"]);
+});
+
+test("an early request that failed is asked again once the list names the run", async () => {
+  const { client, state, notices, started } = openPage(["late"], 0);
+  client.answer("history late 1200", null, 404); // (the run's file appeared just after)
+  client.answer("runs", { runs: [{ name: "late", records: 1000 }] });
+  await started;
+  await settle();
+  assert.deepEqual(client.log, ["history late 1200", "runs", "history late 1200"]);
+  client.answer("history late 1200", Object.assign({}, HISTORY, { run: "late" }));
+  await settle();
+  assert.equal(state.runs.get("late").pointCount("loss"), 3);
+  assert.deepEqual(notices, []);
+});
