@@ -77,3 +77,19 @@ def test_without_a_child_process_calls_run_in_the_caller(pool, tmp_path, monkeyp
     job = _job(tmp_path, points=40)
     assert pool.call(answer, job) == answer(job) and pool.in_process
     assert "cannot start a worker process" in caplog.text
+
+
+def test_warm_starts_the_child_that_answers_the_first_call(pool, tmp_path):
+    pool.warm()
+    (pid,) = _child_pids(pool)
+    job = _job(tmp_path, points=40)
+    assert pool.call(answer, job) == answer(job) and _child_pids(pool) == [pid]  # the warmed child answers
+
+
+def test_warm_never_raises(pool, monkeypatch, caplog):
+    def refuse():
+        raise OSError("fork refused")
+
+    monkeypatch.setattr(worker, "_Child", refuse)
+    pool.warm()  # no child: calls will run in the caller, as for any call
+    assert pool.in_process and _child_pids(pool) == []

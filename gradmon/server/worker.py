@@ -129,6 +129,15 @@ class WorkerPool:
             return result
         raise AssertionError("unreachable")
 
+    def warm(self) -> None:
+        """Start a worker now and have it import the history code, so that the first history
+        request does not pay for it (~100 ms: a Python start and the imports). Never raises: a
+        failure here is the next call's to report."""
+        try:
+            self.call(ready, None)
+        except Exception as exc:  # best effort: the next call reports it
+            log.debug("worker warm-up failed: %s", exc)
+
     def _acquire(self) -> _Child | None:
         with self._cond:
             while not self._idle and self._started >= self.size:
@@ -167,6 +176,13 @@ class WorkerPool:
             idle, self._idle = self._idle, []
         for child in idle:
             child.close()
+
+
+def ready(arg: Any) -> Any:
+    """A call that loads what history answers need, in the worker (see :meth:`WorkerPool.warm`)."""
+    import gradmon.server.history  # noqa: F401
+
+    return arg
 
 
 _shared: WorkerPool | None = None
