@@ -2,7 +2,7 @@
 const test = require("node:test");
 const assert = require("node:assert/strict");
 const { RunData } = require("../src/lib/rundata.js");
-const { buildSeries } = require("../src/lib/chartopts.js");
+const { buildSeries, xExtent } = require("../src/lib/chartopts.js");
 const { panelsFor } = require("../src/lib/panels.js");
 const { formatValue } = require("../src/lib/format.js");
 
@@ -177,4 +177,15 @@ test("long curves are drawn decimated to the pixel budget, spikes and NaN kept; 
   const steps = win.series.find((s) => s.id === "r|grad_norm|raw").data.map((p) => p[2]);
   for (let s = 1000; s <= 1100; s++) assert.ok(steps.includes(s));
   assert.ok(steps.length < 200);
+});
+
+test("the x extent spans every run in each x mode; an empty run adds nothing, one step gets a width", () => {
+  const a = runWith([{ step: 3, loss: 1 }, { step: 9, loss: 1 }]);
+  const b = runWith([{ step: 5, loss: 1 }, { step: 20, loss: 1 }]);
+  const empty = new RunData("e");
+  assert.deepEqual(xExtent([a, b, empty], "step"), { min: 3, max: 20 });
+  assert.deepEqual(xExtent([a], "relative"), { min: 3, max: 9 }); // ts = 100 + step, start_time 100
+  assert.deepEqual(xExtent([a, b], "wall"), { min: 103000, max: 120000 });
+  assert.deepEqual(xExtent([empty], "step"), { min: null, max: null });
+  assert.deepEqual(xExtent([runWith([{ step: 7, loss: 1 }])], "step"), { min: 7, max: 8 });
 });

@@ -1,11 +1,10 @@
-/* The chart board: sections of chart cards, linked zoom (app/zoom.js), paced redraws (app/redraw.js),
- * theme. Browser only. */
+/* The chart board: what is drawn and when — paced redraws (app/redraw.js) of the cards that
+ * app/grid.js lays out, linked zoom (app/zoom.js), theme. Browser only. */
 (function (root) {
   "use strict";
   const L = root.GradmonLib;
   const A = root.GradmonApp;
   const DARK = "(prefers-color-scheme: dark)";
-  const NEAR_PX = 300; // a chart this close to the viewport is drawn
 
   class ChartBoard {
     /**
@@ -16,8 +15,12 @@
     constructor(container, app) {
       this.container = container;
       this.app = app;
-      this.panels = new Map(); // id -> ChartCard (drawn charts only; hidden ones have none)
-      this.sections = new Map(); // id -> {el, grid, head, hiddenBox}
+      this.grid = new A.CardGrid(container, {
+        panelView: (id) => this.app.panelView(id),
+        createCard: (panel) => this._createCard(panel),
+        showChart: (id) => this.app.onPanelChange(id, "hidden", false),
+        nearer: () => this.markDirty(),
+      });
       this.redraw = new A.RedrawLoop({
         holdMs: () => (this.app.holdMs ? this.app.holdMs() : 0),
         begin: () => this._beginPass(),
@@ -35,16 +38,11 @@
       this.dark = !!(this.media && this.media.matches);
       this.theme = A.themeColors();
       if (this.media) this.media.addEventListener("change", () => this.setTheme());
-      // Charts are created and redrawn only near the viewport: a long dashboard costs what is seen.
-      this.visibility = new IntersectionObserver((list) => this._onVisibility(list), { rootMargin: NEAR_PX + "px 0px" });
-      this.resizeObserver = new ResizeObserver((list) => {
-        for (const e of list) {
-          const card = this.panels.get(e.target.parentElement && e.target.parentElement.dataset.panel);
-          if (!card) continue;
-          card.width = e.target.clientWidth; // read here, where layout is done (no forced layout in a draw)
-          if (card.chart) card.chart.resize();
-        }
-      });
+    }
+
+    /** id -> ChartCard of the shown charts (app/grid.js). */
+    get panels() {
+      return this.grid.panels;
     }
 
     /** Whether a redraw is asked for and not yet begun. */
@@ -87,12 +85,12 @@
       const entries = this.app.entries();
       const fields = new Set();
       for (const e of entries) for (const f of e.run.fields()) fields.add(f);
-      this._sync(L.sectionsFor(L.panelsFor(Array.from(fields))));
+      this.grid.sync(L.sectionsFor(L.panelsFor(Array.from(fields))));
       const inputs = this._inputs(entries);
       const stale = [];
       for (const card of this.panels.values()) {
         card.sync(this.app.panelView(card.panel.id));
-        if (!card.visible) continue; // drawn when it comes near the viewport (_onVisibility)
+        if (!card.visible) continue; // drawn when it comes near the viewport (app/grid.js)
         if (card.chart && card.key === this._key(card, inputs)) continue;
         const r = card.card.getBoundingClientRect();
         stale.push({ card, top: r.top, bottom: r.bottom });
@@ -103,7 +101,7 @@
     /** What every chart of a redraw is drawn from: the runs, view settings, x extent, window, resolution. */
     _inputs(entries) {
       const settings = this.app.settings();
-      const extent = this._extent(entries, settings.xMode);
+      const extent = L.xExtent(entries.map((e) => e.run), settings.xMode);
       this.extent = extent;
       return {
         entries,
@@ -145,88 +143,12 @@
       card.fresh = false;
     }
 
-    _extent(entries, mode) {
-      let min = Infinity;
-      let max = -Infinity;
-      for (const { run } of entries) {
-        const a = run.firstStep;
-        const b = run.lastStep;
-        if (a === null) continue;
-        const xa = L.xOf(run, a, mode);
-        const xb = L.xOf(run, b, mode);
-        if (Number.isFinite(xa)) min = Math.min(min, xa);
-        if (Number.isFinite(xb)) max = Math.max(max, xb);
-      }
-      if (!Number.isFinite(min)) return { min: null, max: null };
-      if (max <= min) max = min + 1;
-      return { min, max };
-    }
-
-    /** Sections and cards as the fields and the view say: hidden charts get no instance. */
-    _sync(sections) {
-      const wantedSections = new Set(sections.map((s) => s.id));
-      for (const [id, s] of this.sections) {
-        if (wantedSections.has(id)) continue;
-        s.el.remove();
-        this.sections.delete(id);
-      }
-      const shown = new Set();
-      let prevSection = null;
-      for (const sec of sections) {
-        const s = this._section(sec);
-        const want = prevSection ? prevSection.el.nextSibling : this.container.firstChild;
-        if (want !== s.el) this.container.insertBefore(s.el, want);
-        prevSection = s;
-        const hidden = [];
-        let prev = null;
-        for (const panel of sec.panels) {
-          if (this.app.panelView(panel.id).hidden) {
-            hidden.push(panel);
-            continue;
-          }
-          shown.add(panel.id);
-          let card = this.panels.get(panel.id);
-          if (!card) card = this._createCard(panel, s.grid);
-          card.panel = panel;
-          const at = prev ? prev.card.nextSibling : s.grid.firstChild;
-          if (at !== card.card) s.grid.insertBefore(card.card, at);
-          prev = card;
-        }
-        this._hiddenList(s, hidden, sec.panels.length);
-      }
-      for (const [id, card] of this.panels) {
-        if (shown.has(id)) continue;
-        this.resizeObserver.unobserve(card.el);
-        this.visibility.unobserve(card.card);
-        card.dispose();
-        this.panels.delete(id);
-      }
-      // New cards near the viewport are drawn in this draw (the observer reports a frame later).
-      const near = window.innerHeight + NEAR_PX;
-      for (const card of this.panels.values()) {
-        if (card.visible !== null) continue;
-        const r = card.card.getBoundingClientRect();
-        card.visible = r.top < near && r.bottom > -NEAR_PX;
-      }
-    }
-
-    _onVisibility(list) {
-      let more = false;
-      for (const e of list) {
-        const card = this.panels.get(e.target.dataset.panel);
-        if (!card) continue;
-        if (e.isIntersecting && !card.visible) more = true;
-        card.visible = e.isIntersecting;
-      }
-      if (more) this.markDirty();
-    }
-
     _initChart(card) {
       card.init(this.theme, this.dark);
       card.width = card.el.clientWidth;
       card.fresh = true;
       card.key = null;
-      this.resizeObserver.observe(card.el);
+      this.grid.observeSize(card);
     }
 
     /** Draw one chart now, wherever it is (an export of a chart never scrolled to). */
@@ -238,46 +160,8 @@
       return card;
     }
 
-    _section(sec) {
-      let s = this.sections.get(sec.id);
-      if (s) {
-        s.title.textContent = sec.title;
-        return s;
-      }
-      const el = A.el("section", "chart-section");
-      el.dataset.section = sec.id;
-      const head = A.el("div", "section-head");
-      const title = A.el("h2", "section-title", sec.title);
-      const hiddenBox = A.el("span", "hidden-charts");
-      head.append(title, hiddenBox);
-      const grid = A.el("div", "charts");
-      el.append(head, grid);
-      s = { el, head, title, grid, hiddenBox };
-      this.sections.set(sec.id, s);
-      return s;
-    }
-
-    /** "hidden: [zscore] [clip_coef]" in the section's head: a click shows the chart again. */
-    _hiddenList(s, hidden, total) {
-      const key = hidden.map((p) => p.id).join("|");
-      if (s.hiddenBox.dataset.key === key) return;
-      s.hiddenBox.dataset.key = key;
-      s.hiddenBox.textContent = "";
-      s.el.classList.toggle("all-hidden", hidden.length === total);
-      if (!hidden.length) return;
-      s.hiddenBox.appendChild(document.createTextNode("hidden:"));
-      for (const p of hidden) {
-        const b = A.el("button", "show-chart", p.title);
-        b.type = "button";
-        b.dataset.panel = p.id;
-        b.title = "Show this chart again";
-        b.addEventListener("click", () => this.app.onPanelChange(p.id, "hidden", false));
-        s.hiddenBox.appendChild(b);
-      }
-    }
-
-    _createCard(panel, grid) {
-      const card = new A.ChartCard(panel, {
+    _createCard(panel) {
+      return new A.ChartCard(panel, {
         view: (id) => this.app.panelView(id),
         onChange: (id, what, value) => this.app.onPanelChange(id, what, value),
         onExport: (id, format) => this.app.onExport(id, format),
@@ -285,11 +169,6 @@
         onZoom: (c, ev) => this.linked.onChartZoom(c, ev),
         onResetZoom: () => this.resetZoom(),
       });
-      grid.appendChild(card.card);
-      card.visible = null; // not known until laid out (see _sync)
-      this.panels.set(panel.id, card);
-      this.visibility.observe(card.card);
-      return card;
     }
 
     /** The settled zoom window {startValue, endValue} in x units; null = everything. */

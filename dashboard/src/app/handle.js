@@ -30,7 +30,7 @@
       pointCount: (name, field) => (run(name) ? run(name).pointCount(field) : 0),
       lastStep: (name) => (run(name) ? run(name).lastStep : null),
       panels: () => (ctx.board() ? Array.from(ctx.board().panels.keys()) : []),
-      sections: () => (ctx.board() ? Array.from(ctx.board().sections.keys()) : []),
+      sections: () => (ctx.board() ? Array.from(ctx.board().grid.sections.keys()) : []),
       markers: (panel) => (ctx.board() ? ctx.board().markers(panel) : []),
       /** Distinct steps carrying a mark of `kind` ("spike", "skip", "nonfinite"). */
       marks: (name, kind) => (run(name) ? Array.from(new Set(run(name).marksOf(kind).map((m) => m.step))) : []),

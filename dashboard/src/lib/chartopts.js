@@ -26,6 +26,22 @@
     return step;
   }
 
+  /** The x range {min, max} that `runs` span in x mode `mode` ({min: null, max: null} when empty). */
+  function xExtent(runs, mode) {
+    let min = Infinity;
+    let max = -Infinity;
+    for (const run of runs) {
+      if (run.firstStep === null) continue;
+      const xa = xOf(run, run.firstStep, mode);
+      const xb = xOf(run, run.lastStep, mode);
+      if (Number.isFinite(xa)) min = Math.min(min, xa);
+      if (Number.isFinite(xb)) max = Math.max(max, xb);
+    }
+    if (!Number.isFinite(min)) return { min: null, max: null };
+    if (max <= min) max = min + 1;
+    return { min, max };
+  }
+
   function usable(v, log) {
     return typeof v === "number" && Number.isFinite(v) && (!log || v > 0);
   }
@@ -298,5 +314,5 @@
     };
   }
 
-  return { MARK_COLOR, SKIP_COLOR, buildSeries, displayIndices, xOf, smoothable };
+  return { MARK_COLOR, SKIP_COLOR, buildSeries, displayIndices, xOf, xExtent, smoothable };
 });
