@@ -26,7 +26,7 @@ from .norm_strategies import (
     flat_fp32,
     flat_square_sum,
     grad_scale_square_sums,
-    scaled_grads,
+    scale_grads,
     segment_ids_for,
 )
 from .parallel import COMPILER_MODES
@@ -115,11 +115,6 @@ def squared_norms(grads: Any, segment_ids: Tensor, inv_scale: Any = None) -> Ten
     ``inv_scale`` (optional float32 scalar) multiplies the gradients before squaring.
     """
     return flat_square_sum(grads, inv_scale, segment_ids)
-
-
-def scale_grads(grads: Any, factor: Tensor) -> tuple:
-    """Every gradient times ``factor`` (a float32 scalar), keeping each gradient's dtype."""
-    return scaled_grads(grads, factor)
 
 
 def clip_coefficient(norm: Tensor, max_norm: Any) -> Tensor:

@@ -91,7 +91,7 @@ def _scaled_by(factor, g):
     return _mul(g, factor) if g.dtype == ms.float32 else _mul(g, _cast(factor, g.dtype))
 
 
-def scaled_grads(grads: Any, factor: Tensor) -> tuple:
+def scale_grads(grads: Any, factor: Tensor) -> tuple:
     """Every gradient times ``factor`` (a float32 scalar), keeping each gradient's dtype: one multiply
     per tensor, mapped over the tuple (a comprehension would keep ~1 MiB of graph per gradient)."""
     return _hyper_map(ops.partial(_scaled, factor), grads)
