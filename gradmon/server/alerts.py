@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from gradmon.schema import ALARM_RULE_FIELD, DERIVED_SOURCE
+from gradmon.server.values import number
 
 __all__ = ["FORMATS", "Alert", "AlertSender", "RateLimiter", "RunWatch", "alert_text", "check_url",
            "combine", "payload"]
@@ -124,10 +125,6 @@ def payload(fmt: str, alerts: list[Alert], dropped: int = 0) -> dict[str, Any]:
     raise ValueError(f"alert format must be one of {FORMATS}, got {fmt!r}")
 
 
-def _number(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-
-
 def _step(x: Any) -> int | None:
     return x if isinstance(x, int) and not isinstance(x, bool) else None
 
@@ -159,7 +156,7 @@ class RunWatch:
         derived = record.get("source") == DERIVED_SOURCE
         if event_kind == "alarm" and derived != self.writer_alarms and record.get("reason") != "abort":
             return [Alert(self.run, "alarm", _step(record.get("step")), str(record.get("reason")),
-                          _number(record.get("value")), str(record.get("message", "")), self.link)]
+                          number(record.get("value")), str(record.get("message", "")), self.link)]
         return []
 
 
@@ -231,7 +228,7 @@ class AlertSender:
             if watch is None:
                 watch = self.watches[run] = RunWatch(run, run_link(self.link, run))
             for record in records:
-                news = not replay or (_number(record.get("ts")) or 0.0) >= self.started_at - REPLAY_GRACE_S
+                news = not replay or (number(record.get("ts")) or 0.0) >= self.started_at - REPLAY_GRACE_S
                 for alert in watch.observe(record, news):
                     self._enqueue(alert)
         except Exception:  # a malformed record must not reach the server's loop
