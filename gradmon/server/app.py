@@ -90,8 +90,6 @@ class GradmonServer:
 
     async def start(self) -> None:
         """Discover runs, read the head of each, and start listening."""
-        # The history worker starts meanwhile: the page's first chart would otherwise wait for it.
-        warm = asyncio.create_task(asyncio.to_thread(self.workers.warm))
         self._apply_discovery(await asyncio.to_thread(discover_runs, self.root))
         for run in list(self.runs.values()):
             self._poll_run(run, self.poll_max_bytes)
@@ -103,7 +101,8 @@ class GradmonServer:
         sock = next(iter(self._server.sockets))
         self.port = sock.getsockname()[1]
         self._tasks = [asyncio.create_task(self._tail_loop()), asyncio.create_task(self._discover_loop())]
-        self._tasks.append(warm)
+        # The history worker starts now, not on the first history request (a page's first chart).
+        self._tasks.append(asyncio.create_task(asyncio.to_thread(self.workers.warm)))
         if self.alerts is not None:
             self.alerts.start(self.url.split("?", 1)[0])  # the link in messages, without the token
 
