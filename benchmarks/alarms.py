@@ -112,7 +112,7 @@ def _run_example(args: list[str], cwd: str, log: Callable[[str], None], timeout:
 
 def score_log(path: Path, faults: Sequence[int] = ()) -> dict[str, Any]:
     """Every rule on one run log (records as ``LiveMonitor`` wrote them); ``faults``: injected steps."""
-    from gradmon.runlog import read_records
+    from gradmon.logformat.reader import read_records
 
     records = list(read_records(str(path)))
     last = max((r["step"] for r in records if r["type"] == "step"), default=0)
@@ -164,7 +164,7 @@ def run_suite(plan: SuitePlan, log: Callable[[str], None] = print) -> dict[str, 
     import mindspore as ms
 
     from benchmarks import machine
-    from gradmon.alarms import AlarmConfig
+    from gradmon.logformat.alarms import AlarmConfig
 
     ms.set_context(mode=ms.GRAPH_MODE)
     t0 = time.perf_counter()
@@ -194,7 +194,7 @@ def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: s
 
 
 def _jsonable(doc: Any) -> Any:
-    from gradmon.jsonl import to_jsonable
+    from gradmon.logformat.jsonl import to_jsonable
 
     return to_jsonable(doc)
 

@@ -7,7 +7,7 @@ import statistics
 from typing import Any
 
 from benchmarks.report import table
-from gradmon.jsonl import NONFINITE_STRINGS
+from gradmon.logformat.jsonl import NONFINITE_STRINGS
 
 RULE_NAMES = {
     "banner": "page banner today (5x median ∪ ZClip ∪ non-finite, per step)",

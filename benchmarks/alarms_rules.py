@@ -9,7 +9,7 @@
   train with the new defaults; ``cell_spike_steps`` are their flags);
 - ``detector``: the flags the runs' own cells raised with the new detector defaults (plus
   non-finite steps): what the page would mark as spikes now;
-- ``alarms``: :class:`gradmon.alarms.AlarmRule` — one alarm per incident.
+- ``alarms``: :class:`gradmon.logformat.alarms.AlarmRule` — one alarm per incident.
 
 Per-step rules raise one banner item per flagged step; the alarm rule one alarm per incident.
 """
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gradmon.alarms import AlarmConfig, AlarmRule
+from gradmon.logformat.alarms import AlarmConfig, AlarmRule
 
 OLD_ZCLIP = {"warmup": 25, "alpha": 0.97, "z_threshold": 2.5}
 PAGE_RULE = {"k": 5.0, "window": 50, "min_history": 10}
@@ -162,7 +162,7 @@ def headroom(records: Sequence[dict[str, Any]], config: AlarmConfig | None = Non
     norms above ``norm_ratio`` x the median, and the largest ``loss rise / envelope height`` among
     losses above the ``loss_ratio`` bound (None when there is none), over ``steps`` (default all).
     Baselines as the rule keeps them, without its flags (a pure replay)."""
-    from gradmon.alarms import RunningBaseline
+    from gradmon.logformat.alarms import RunningBaseline
 
     config = config or AlarmConfig()
     wanted = None if steps is None else set(steps)

@@ -10,7 +10,7 @@ fault injected, the batches otherwise the clean run's. So a faulty run is the cl
 ``F - 1`` plus a faulty continuation, without training the prefix again.
 
 Records come from the cell's device history ring (the rows ``LiveMonitor`` turns into step
-records, through the same :func:`gradmon.records.history_rows_to_steps`), one per step.
+records, through the same :func:`gradmon.monitor.records.history_rows_to_steps`), one per step.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ class _Trainer:
         return out
 
     def _read(self) -> None:
-        from gradmon.records import history_rows_to_steps
+        from gradmon.monitor.records import history_rows_to_steps
 
         snap = self.cell.gradmon_read_history()
         rows, lost = history_rows_to_steps(snap.fields, snap.rows, snap.total_steps,

@@ -71,7 +71,7 @@ def _callback_case(cell_kind: str, log_interval: int, steps: int, tmp: str) -> d
 
     from benchmarks.stats import summarize
     from examples import models as M
-    from gradmon.callback import LiveMonitor
+    from gradmon.monitor.callback import LiveMonitor
 
     net = M.with_loss(M.MLP())
     opt = nn.Adam(net.trainable_params(), learning_rate=1e-3)
@@ -127,8 +127,8 @@ def _callback_case(cell_kind: str, log_interval: int, steps: int, tmp: str) -> d
 
 def _writer_case(n: int, tmp: str) -> dict[str, Any]:
     from benchmarks.runlogs import step_record
-    from gradmon.jsonl import encode_record
-    from gradmon.runlog import RunLogWriter
+    from gradmon.logformat.jsonl import encode_record
+    from gradmon.monitor.writer import RunLogWriter
 
     records = [step_record(s, 1.7e9 + s) for s in range(1, n + 1)]
     out: dict[str, Any] = {"records": n}
@@ -169,9 +169,10 @@ def measure(settings: dict[str, Any], log: Callable[[str], None]) -> dict[str, A
     result: dict[str, Any] = {"callback": [], "unavailable": {}}
     try:
         try:
-            import gradmon.callback  # noqa: F401
+            import gradmon.monitor.callback  # noqa: F401
         except Exception as exc:
-            result["unavailable"]["callback"] = f"gradmon.callback not available: {type(exc).__name__}: {exc}"
+            result["unavailable"]["callback"] = (
+                f"gradmon.monitor.callback not available: {type(exc).__name__}: {exc}")
         else:
             try:
                 from gradmon.cells import MonitoredTrainStep  # noqa: F401
@@ -197,7 +198,7 @@ def measure(settings: dict[str, Any], log: Callable[[str], None]) -> dict[str, A
             result["writer"] = _writer_case(settings["writer_records"], tmp)
             log(f"  writer: {result['writer']['run_log_writer']['records_per_s']:.0f} records/s")
         except ImportError as exc:
-            result["unavailable"]["writer"] = f"gradmon.runlog not available: {exc}"
+            result["unavailable"]["writer"] = f"gradmon.monitor.writer not available: {exc}"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result

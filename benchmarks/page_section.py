@@ -32,8 +32,8 @@ from typing import Any
 
 from benchmarks.runlogs import ensure_run_log, generate_run_log, step_record
 from benchmarks.server_section import http_get, serve, server_unavailable_reason
-from gradmon.alarms import AlarmConfig
-from gradmon.jsonl import encode_record
+from gradmon.logformat.alarms import AlarmConfig
+from gradmon.logformat.jsonl import encode_record
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -328,7 +328,7 @@ def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: s
                     page = browser.new_page()
                     page.goto(f"{srv['url']}/?run=live", wait_until="networkidle", timeout=120_000)
                     page.evaluate(_START_COUNTING)
-                    from gradmon.jsonl import encode_record
+                    from gradmon.logformat.jsonl import encode_record
 
                     with open(live, "a", encoding="utf-8") as f:
                         t0 = time.perf_counter()

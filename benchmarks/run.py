@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks import machine, report
-from gradmon.jsonl import to_jsonable
+from gradmon.logformat.jsonl import to_jsonable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "out")

@@ -3,7 +3,7 @@
 ``step_record(step, ...)`` makes one realistic ``step`` record; ``generate_run_log`` writes a
 whole file of ``n`` steps (a header, step records with a spike every 10 000 steps and a
 non-finite step every 100 000, their events, an ``end`` record). Big files are written with a
-pre-formatted line template (~10x faster than :func:`gradmon.jsonl.encode_record` per record) and
+pre-formatted line template (~10x faster than :func:`gradmon.logformat.jsonl.encode_record` per record) and
 the template's output is checked against the strict decoder on the first lines.
 """
 
@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from gradmon.jsonl import decode_line, encode_record
+from gradmon.logformat.jsonl import decode_line, encode_record
 
 SPIKE_EVERY = 10_000
 NONFINITE_EVERY = 100_000

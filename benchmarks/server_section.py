@@ -112,13 +112,14 @@ def _runs(url: str) -> list[dict[str, Any]]:
 
 
 def _writer(path: str) -> Any:
-    """A ``RunLogWriter`` (or, without gradmon.runlog, a bare write+flush file) with ``write``/``close``."""
+    """A ``RunLogWriter`` (or, without gradmon.monitor.writer, a bare write+flush file) with
+    ``write``/``close``."""
     try:
-        from gradmon.runlog import RunLogWriter
+        from gradmon.monitor.writer import RunLogWriter
 
         return RunLogWriter(path)
     except ImportError:
-        from gradmon.jsonl import encode_record
+        from gradmon.logformat.jsonl import encode_record
 
         class Bare:
             def __init__(self) -> None:

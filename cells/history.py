@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradmon.schema import HISTORY_BASE_FIELDS as BASE_FIELDS
-from gradmon.schema import HISTORY_COUNTER_NAMES as COUNTER_NAMES  # after the step count
+from gradmon.logformat.schema import HISTORY_BASE_FIELDS as BASE_FIELDS
+from gradmon.logformat.schema import HISTORY_COUNTER_NAMES as COUNTER_NAMES  # after the step count
 
 
 def history_fields(loss_scale: bool, local_norm: bool) -> tuple[str, ...]:

@@ -96,7 +96,7 @@ def has_learning_rate(optimizer: Any) -> bool:
 def step_learning_rate(optimizer: Any) -> Tensor:
     """The learning rate this step's update uses, as a float32 scalar; call it before the optimizer runs.
 
-    The rule of ``nn.Optimizer.get_lr`` for the first parameter group (``gradmon.lr`` reads the same
+    The rule of ``nn.Optimizer.get_lr`` for the first parameter group (``gradmon.monitor.lr`` reads the same
     on the host): a fixed rate, or the schedule / per-step table at ``optimizer.global_step``, which the
     optimizer advances after reading it (a skipped step does not advance it: it reports the rate it
     would have used). Needs :func:`has_learning_rate`.

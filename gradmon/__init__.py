@@ -25,17 +25,17 @@ _LAZY = {
     "MonitoredTrainStepWithLossScale": "gradmon.cells",
     "global_norm": "gradmon.cells",
     "clip_by_global_norm": "gradmon.cells",
-    "LiveMonitor": "gradmon.callback",
+    "LiveMonitor": "gradmon.monitor.callback",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gradmon.callback import LiveMonitor
     from gradmon.cells import (
         MonitoredTrainStep,
         MonitoredTrainStepWithLossScale,
         clip_by_global_norm,
         global_norm,
     )
+    from gradmon.monitor.callback import LiveMonitor
 
 
 def __getattr__(name: str) -> Any:

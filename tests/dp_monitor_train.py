@@ -18,7 +18,7 @@ from mindspore.train import Model
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples.models import MLP, with_loss
-from gradmon.callback import LiveMonitor
+from gradmon.monitor.callback import LiveMonitor
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ with mean-reduced gradients the two must agree.
 
 Usage: ``msrun --worker_num=2 --local_worker_num=2 ... tests/dp_train.py OUT [--steps N]
 [--log-dir DIR]`` or ``python tests/dp_train.py OUT --reference``. ``--log-dir`` attaches
-``gradmon.callback.LiveMonitor`` (writing ``DIR/metrics.jsonl``) when it is importable.
+``gradmon.monitor.callback.LiveMonitor`` (writing ``DIR/metrics.jsonl``) when it is importable.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def main() -> None:
     monitor = None
     if args.log_dir:
         try:
-            from gradmon.callback import LiveMonitor
+            from gradmon.monitor.callback import LiveMonitor
         except ImportError:
             LiveMonitor = None
         if LiveMonitor is not None:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gradmon.alarms import AlarmConfig
-from gradmon.jsonl import encode_record
+from gradmon.logformat.alarms import AlarmConfig
+from gradmon.logformat.jsonl import encode_record
 
 ROOT = Path(__file__).resolve().parent.parent
 STATIC = ROOT / "gradmon" / "static"

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gradmon.cells import MonitoredTrainStep
 
 from examples.models import MLP, with_loss
-from gradmon.callback import LiveMonitor
+from gradmon.monitor.callback import LiveMonitor
 
 STEPS_PER_EPOCH = 10
 LR_TABLE = [round(0.05 / (1 + 0.1 * k), 6) for k in range(100)]  # step s uses LR_TABLE[s - 1]

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 from unittest import mock
 
-from gradmon.jsonl import encode_record
+from gradmon.logformat.jsonl import encode_record
 from gradmon.server import history
 from gradmon.server.history import HistoryOptions, answer_series, build_job
 from gradmon.server.index import RunIndex

@@ -1,4 +1,5 @@
-"""The alarm rule (gradmon/alarms.py) on synthetic series: what alarms, what stays quiet, incidents."""
+"""The alarm rule (gradmon/logformat/alarms.py) on synthetic series: what alarms, what stays quiet,
+incidents."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradmon.alarms import AlarmConfig, AlarmRule, RunningBaseline, is_overflow
-from gradmon.jsonl import decode_line, encode_record
-from gradmon.schema import ALARM_KINDS, ALARM_REASONS
+from gradmon.logformat.alarms import AlarmConfig, AlarmRule, RunningBaseline, is_overflow
+from gradmon.logformat.jsonl import decode_line, encode_record
+from gradmon.logformat.schema import ALARM_KINDS, ALARM_REASONS
 
 
 def steps(norms, losses=None, start=1, **extra):

@@ -15,9 +15,9 @@ from mindspore import nn
 from mindspore.train import Model
 from train_util import BATCH, IN_DIM, CpuLossScaleStep, NanAwareLoss, mlp, monitored_step, records, segments
 
-from gradmon.alarms import AlarmConfig, AlarmRule
-from gradmon.callback import LiveMonitor
-from gradmon.schema import ALARM_KINDS
+from gradmon.logformat.alarms import AlarmConfig, AlarmRule
+from gradmon.logformat.schema import ALARM_KINDS
+from gradmon.monitor.callback import LiveMonitor
 
 STEPS = 60
 FAULTS = {25: 1000.0, 40: 100.0}  # step -> input scale; 25: the loss overflows, 40: a norm spike

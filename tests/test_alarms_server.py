@@ -18,8 +18,8 @@ from server_helpers import DEADLINE_S, StreamFollower, get_json, recv_json, recv
 from test_alerts import Receiver, receiver  # noqa: F401 - the fixture
 from websockets.asyncio.client import connect
 
-from gradmon.alarms import AlarmConfig, AlarmRule, RunningBaseline
-from gradmon.jsonl import encode_record
+from gradmon.logformat.alarms import AlarmConfig, AlarmRule, RunningBaseline
+from gradmon.logformat.jsonl import encode_record
 from gradmon.server import start_server
 from gradmon.server.alarmrule import BatchAlarmRule, WindowBaseline, readable
 from gradmon.server.alerts import AlertSender

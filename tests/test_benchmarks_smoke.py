@@ -15,7 +15,7 @@ from benchmarks.alarms_report import render as render_alarms
 from benchmarks.report import render
 from benchmarks.runlogs import generate_run_log
 from benchmarks.stats import bracket_schedule, bracketed_ratios, percentile, steps_per_block, summarize
-from gradmon.runlog import ReadStats, read_records
+from gradmon.logformat.reader import ReadStats, read_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

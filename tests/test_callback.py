@@ -24,7 +24,7 @@ from train_util import (
     use_graph_mode,
 )
 
-from gradmon.callback import LiveMonitor, log_file_path, rank_log_path
+from gradmon.monitor.callback import LiveMonitor, log_file_path, rank_log_path
 
 
 @pytest.fixture(autouse=True)

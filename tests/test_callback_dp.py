@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gradmon.runlog import ReadStats, read_records
+from gradmon.logformat.reader import ReadStats, read_records
 from tests.msrun_util import ROOT, run_msrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]

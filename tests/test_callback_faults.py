@@ -25,7 +25,7 @@ from train_util import (
     use_graph_mode,
 )
 
-from gradmon.callback import LiveMonitor
+from gradmon.monitor.callback import LiveMonitor
 
 
 @pytest.fixture(autouse=True)
@@ -237,7 +237,7 @@ def test_failing_history_read_falls_back_to_outputs(tmp_path, caplog):
 
 
 def test_a_second_monitor_on_the_same_log_is_refused(tmp_path):
-    from gradmon.runlog import LogInUseError
+    from gradmon.monitor.writelock import LogInUseError
 
     path = tmp_path / "metrics.jsonl"
     first = LiveMonitor(path)
@@ -253,9 +253,9 @@ def test_a_second_monitor_on_the_same_log_is_refused(tmp_path):
 
 
 def test_non_writing_rank_reads_only_for_the_abort_policy(tmp_path, monkeypatch):
-    import gradmon.segment
+    import gradmon.monitor.segment
 
-    monkeypatch.setattr(gradmon.segment, "distributed", lambda: (1, 2))  # rank 1 of 2
+    monkeypatch.setattr(gradmon.monitor.segment, "distributed", lambda: (1, 2))  # rank 1 of 2
     cell, _ = history_cell("fake")
     Model(cell).train(1, dataset(4), callbacks=[LiveMonitor(tmp_path / "m.jsonl", log_interval=2)])
     assert cell.reads == 1 and not any(tmp_path.iterdir())  # the start's step-counter read only

@@ -9,7 +9,7 @@ from mindspore import nn, ops
 from mindspore.train import Model
 from train_util import NanAwareLoss, dataset, history_cell, mlp, records, segments, use_graph_mode
 
-from gradmon.callback import LiveMonitor
+from gradmon.monitor.callback import LiveMonitor
 
 
 @pytest.fixture(autouse=True)

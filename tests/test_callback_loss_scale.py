@@ -15,7 +15,7 @@ from mindspore.train import Model
 from train_util import CpuLossScaleStep, NanAwareLoss, dataset, mlp, records, use_graph_mode
 
 from examples.models import with_loss
-from gradmon.callback import LiveMonitor
+from gradmon.monitor.callback import LiveMonitor
 
 
 @pytest.fixture(autouse=True)

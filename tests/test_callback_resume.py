@@ -19,7 +19,7 @@ from server_helpers import StreamFollower, get_json, recv_json, wait_for
 from train_util import dataset, history_cell, records, segments, use_graph_mode
 from websockets.asyncio.client import connect
 
-from gradmon.callback import LiveMonitor
+from gradmon.monitor.callback import LiveMonitor
 from gradmon.server import start_server
 from tests.msrun_util import ROOT, worker_env
 

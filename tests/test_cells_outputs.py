@@ -14,8 +14,8 @@ from mindspore import Tensor, nn
 from mindspore.dataset import GeneratorDataset
 from mindspore.train import Model
 
-from gradmon.callback import LiveMonitor
-from gradmon.runlog import ReadStats, read_records
+from gradmon.logformat.reader import ReadStats, read_records
+from gradmon.monitor.callback import LiveMonitor
 from tests import parity_util
 from tests.parity_util import (
     LossAndLogits,
@@ -163,7 +163,7 @@ TABLE = [0.1, 0.05, 0.02, 0.01]
 LR_KINDS = {
     "fixed": (lambda p: nn.AdamWeightDecay(p, 0.02), lambda step: np.float32(0.02)),
     "schedule": (lambda p: nn.AdamWeightDecay(p, _cosine()), _schedule_at),
-    # The first group's rate, as gradmon.lr reads it on the host.
+    # The first group's rate, as gradmon.monitor.lr reads it on the host.
     "groups": (lambda p: nn.AdamWeightDecay([{"params": p[:2], "lr": _cosine()},
                                              {"params": p[2:], "lr": 0.5}]), _schedule_at),
     "table": (lambda p: nn.SGD(p, TABLE), lambda step: np.float32(TABLE[step])),

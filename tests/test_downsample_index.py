@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_helpers import answer_from_memory, index_of, lines_of
 
-from gradmon.jsonl import encode_record
+from gradmon.logformat.jsonl import encode_record
 from gradmon.server import parse
 from gradmon.server.index import RunIndex
 from gradmon.server.pyramid import BUCKET, FANOUT, Summary, merge_summaries

@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from server_helpers import answer_from_memory
 
-from gradmon.jsonl import encode_record
+from gradmon.logformat.jsonl import encode_record
 from gradmon.server.index import RunIndex
 from gradmon.server.pyramid import FANOUT
 

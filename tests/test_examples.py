@@ -26,7 +26,7 @@ from examples.spike_demo import (
     parse_args,
     summary_table,
 )
-from gradmon.jsonl import decode_line
+from gradmon.logformat.jsonl import decode_line
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "demo.py"

@@ -1,4 +1,4 @@
-"""The shared strict-JSON codec (gradmon.jsonl)."""
+"""The shared strict-JSON codec (gradmon.logformat.jsonl)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from gradmon.jsonl import RecordError, decode_line, decode_record, encode_record, to_jsonable
+from gradmon.logformat.jsonl import RecordError, decode_line, decode_record, encode_record, to_jsonable
 
 
 def test_encode_is_strict_json_with_nonfinite_strings():

@@ -12,9 +12,9 @@ from mindspore import dataset as ds
 from mindspore import nn, ops
 from mindspore.train import Callback, Model
 
-from gradmon.callback import LiveMonitor
-from gradmon.outputs import parse_step_outputs, to_float
-from gradmon.runlog import read_records
+from gradmon.logformat.reader import read_records
+from gradmon.monitor.callback import LiveMonitor
+from gradmon.monitor.outputs import parse_step_outputs, to_float
 
 
 def t(value, dtype=ms.float32):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.page_section import write_four_runs
-from gradmon.runlog import read_records
+from gradmon.logformat.reader import read_records
 from tests.page_browser import (
     Page,
     append,

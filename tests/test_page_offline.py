@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gradmon.jsonl import encode_record
+from gradmon.logformat.jsonl import encode_record
 from tests.page_browser import STATIC, T0, Page, browser, header, page, step
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]

@@ -1,4 +1,4 @@
-"""Pure record builders behind LiveMonitor (gradmon.records): no MindSpore, no I/O."""
+"""Pure record builders behind LiveMonitor (gradmon.monitor.records): no MindSpore, no I/O."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from gradmon.records import (
+from gradmon.monitor.records import (
     BadStepCounter,
     EpochTrack,
     abort_vote,
@@ -200,7 +200,7 @@ def test_bad_step_counter():
 
 
 def test_lr_step_indices():
-    from gradmon.lr import step_indices
+    from gradmon.monitor.lr import step_indices
 
     assert step_indices(5, [False] * 3) == [2, 3, 4]
     assert step_indices(4, [False, True, False]) == [2, 3, 3]

@@ -1,5 +1,5 @@
 """What the monitor reads from MindSpore when a segment starts, each part alone: the header fields
-(gradmon.header) and the training state (gradmon.training_state) — restored step counters, the
+(gradmon.monitor.header) and the training state (gradmon.monitor.training_state) — restored step counters, the
 loss-scale floor, the epoch length."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from mindspore import nn
 from train_util import NanAwareLoss, dataset, mlp, monitored_step, use_graph_mode
 
-from gradmon.header import header_fields, parallel_info
-from gradmon.training_state import epoch_length, overflow_floor, restored_step
+from gradmon.monitor.header import header_fields, parallel_info
+from gradmon.monitor.training_state import epoch_length, overflow_floor, restored_step
 
 
 @pytest.fixture(autouse=True)

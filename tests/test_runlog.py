@@ -13,8 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gradmon.jsonl import encode_record
-from gradmon.runlog import MAX_LINE_BYTES, ReadStats, RunLogWriter, read_records
+from gradmon.logformat.jsonl import encode_record
+from gradmon.logformat.lines import MAX_LINE_BYTES
+from gradmon.logformat.reader import ReadStats, read_records
+from gradmon.monitor.writer import RunLogWriter
 
 
 class FakeClock:

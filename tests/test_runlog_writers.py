@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from server_helpers import get_json, wait_for
 
-from gradmon.runlog import LogInUseError, ReadStats, RunLogWriter, read_records
-from gradmon.writelock import lock_path
+from gradmon.logformat.reader import ReadStats, read_records
+from gradmon.monitor.writelock import LogInUseError, lock_path
+from gradmon.monitor.writer import RunLogWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,7 +38,7 @@ def steps_of(path) -> list[int]:
 # a record and kills itself: the issue's "writer dies mid-line").
 HOLDER = """
     import os, signal, sys, time
-    from gradmon.runlog import RunLogWriter
+    from gradmon.monitor.writer import RunLogWriter
     path, n = sys.argv[1], int(sys.argv[2])
     w = RunLogWriter(path, header={"log_interval": 1})
     for s in range(1, n + 1):
@@ -74,7 +75,8 @@ def test_a_writer_in_another_process_is_refused_with_the_holder_named(tmp_path):
         w.write({"type": "step", "step": 1})
         proc = child("""
             import sys
-            from gradmon.runlog import LogInUseError, RunLogWriter
+            from gradmon.monitor.writelock import LogInUseError
+            from gradmon.monitor.writer import RunLogWriter
             try:
                 RunLogWriter(sys.argv[1], header={})
             except LogInUseError as exc:

@@ -1,4 +1,5 @@
-"""The page's copy of the run-log field names (dashboard/src/lib/schema.js) agrees with gradmon.schema."""
+"""The page's copy of the run-log field names (dashboard/src/lib/schema.js) agrees with
+gradmon.logformat.schema."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gradmon import schema
+from gradmon.logformat import schema
 
 SCHEMA_JS = Path(__file__).resolve().parent.parent / "dashboard" / "src" / "lib" / "schema.js"
 

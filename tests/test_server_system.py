@@ -10,10 +10,10 @@ import psutil
 from server_helpers import append, get_json, header, index_of, recv_json, step, wait_for
 from websockets.asyncio.client import connect
 
+from gradmon.monitor.sysmetrics import sample_system
 from gradmon.server import start_server
 from gradmon.server.sampled import SampledSeries
 from gradmon.server.segments import Replaced
-from gradmon.sysmetrics import sample_system
 
 NOTHING = Replaced.none()  # one segment, nothing replaced
 NO_CUT = lambda: NOTHING  # noqa: E731

@@ -11,8 +11,8 @@ import types
 
 import numpy as np
 
-from gradmon.alarms import AlarmConfig, AlarmRule
-from gradmon.steplog import StepLogger
+from gradmon.logformat.alarms import AlarmConfig, AlarmRule
+from gradmon.monitor.steplog import StepLogger
 
 FIELDS = ("loss", "grad_norm", "skipped", "nonfinite")
 
@@ -141,7 +141,7 @@ def test_on_event_gets_copies_of_events_and_a_failing_hook_is_logged_once(caplog
         raise ValueError("user bug")
 
     logger = StepLogger([sink], log_interval=1, cell=cell, on_event=hook, clock=clock)
-    with caplog.at_level(logging.WARNING, logger="gradmon.callback"):
+    with caplog.at_level(logging.WARNING, logger="gradmon.monitor.callback"):
         run_steps(logger, cell, clock, 1, loss=math.nan)
         run_steps(logger, cell, clock, 1, norm=math.inf)
         run_steps(logger, cell, clock, 1)
@@ -207,7 +207,8 @@ def test_failing_history_read_falls_back_to_the_outputs(caplog):
 
 
 def test_steplog_does_not_import_mindspore():
-    code = "import sys, gradmon.steplog, gradmon.records, gradmon.runlog; print('mindspore' in sys.modules)"
+    code = ("import sys, gradmon.monitor.steplog, gradmon.monitor.records, gradmon.monitor.writer, "
+            "gradmon.logformat.reader; print('mindspore' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"
 

@@ -1,4 +1,4 @@
-"""System metrics sampling (gradmon.sysmetrics)."""
+"""System metrics sampling (gradmon.monitor.sysmetrics)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from gradmon.sysmetrics import SystemSampler, device_memory, sample_system
+from gradmon.monitor.sysmetrics import SystemSampler, device_memory, sample_system
 
 
 def test_sample_system_fields():

@@ -6,8 +6,8 @@ import json
 import math
 import os
 
-from gradmon.jsonl import encode_record
-from gradmon.lines import LineSplitter
+from gradmon.logformat.jsonl import encode_record
+from gradmon.logformat.lines import LineSplitter
 from gradmon.server.index import RunIndex
 from gradmon.server.runs import Run
 from gradmon.server.tail import FileTailer, make_gen, read_lines

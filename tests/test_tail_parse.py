@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradmon.jsonl import RecordError, decode_line, decode_record, encode_record
-from gradmon.lines import LineSplitter
+from gradmon.logformat.jsonl import RecordError, decode_line, decode_record, encode_record
+from gradmon.logformat.lines import LineSplitter
 from gradmon.server.parse import parse_lines
 
 

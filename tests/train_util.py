@@ -15,7 +15,7 @@ from mindspore import nn, ops
 from mindspore.train import Callback
 
 from examples.models import MLP, with_loss
-from gradmon.runlog import ReadStats, read_records
+from gradmon.logformat.reader import ReadStats, read_records
 
 BATCH = 16
 IN_DIM = 16

@@ -35,8 +35,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without mindform
     raise ImportError("gradmon.integrations.mindformers needs mindformers (pip install mindformers --no-deps "
                       f"and its requirements, see docs/mindformers.md): {exc}") from exc
 
-from gradmon.callback import LiveMonitor
 from gradmon.cells import MonitoredTrainStep, MonitoredTrainStepWithLossScale
+from gradmon.monitor.callback import LiveMonitor
 
 from .mindformers_options import DEFAULT_LOG_FILE, log_file_under, wrapper_options
 

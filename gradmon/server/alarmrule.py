@@ -1,5 +1,5 @@
 """The alarm rule over batches of step records, for the server's ingest: the same events as
-:class:`gradmon.alarms.AlarmRule` fed record by record, at a fraction of the cost.
+:class:`gradmon.logformat.alarms.AlarmRule` fed record by record, at a fraction of the cost.
 
 ``AlarmRule.update`` costs ~3-5 µs per step record in pure Python (a sorted window insert per
 series, and the judging of every step), more than the index itself spends per record. Nearly every
@@ -35,7 +35,7 @@ from itertools import accumulate, chain, compress, count, islice, repeat
 from operator import gt, itemgetter, lt, mul, sub
 from typing import Any, Optional
 
-from gradmon.alarms import AlarmConfig, AlarmRule
+from gradmon.logformat.alarms import AlarmConfig, AlarmRule
 from gradmon.server.values import number
 
 __all__ = ["BatchAlarmRule", "WindowBaseline", "readable"]
@@ -47,7 +47,7 @@ _INF = math.inf
 
 
 class WindowBaseline:
-    """The last ``window`` finite values of a series, like :class:`gradmon.alarms.RunningBaseline`
+    """The last ``window`` finite values of a series, like :class:`gradmon.logformat.alarms.RunningBaseline`
     (same ``len``, ``median``, ``envelope``, ``add``), built for bulk appends: a value costs an
     append, the median and the envelope are computed when asked (and cached until the next value).
     Flagged values are rare: their arrival numbers are kept to leave them out of the envelope."""
@@ -125,7 +125,7 @@ class WindowBaseline:
 
 
 class BatchAlarmRule(AlarmRule):
-    """:class:`gradmon.alarms.AlarmRule` with :meth:`update_steps`, which takes a batch of step
+    """:class:`gradmon.logformat.alarms.AlarmRule` with :meth:`update_steps`, which takes a batch of step
     records and returns the same events, each with the position of the record that caused it.
     ``update`` and ``finish`` work as in the parent (headers, ``abort`` events, the end of a run)."""
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from gradmon.schema import ALARM_RULE_FIELD, DERIVED_SOURCE
+from gradmon.logformat.schema import ALARM_RULE_FIELD, DERIVED_SOURCE
 from gradmon.server.values import number
 
 __all__ = ["FORMATS", "Alert", "AlertSender", "RateLimiter", "RunWatch", "alert_text", "check_url",

@@ -25,9 +25,9 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, NamedTuple, TypeVar
 
-from gradmon.alarms import AlarmConfig
-from gradmon.jsonl import encode_record
-from gradmon.schema import ALARM_RULE_FIELD, DERIVED_SOURCE
+from gradmon.logformat.alarms import AlarmConfig
+from gradmon.logformat.jsonl import encode_record
+from gradmon.logformat.schema import ALARM_RULE_FIELD, DERIVED_SOURCE
 from gradmon.server.alarmrule import BatchAlarmRule
 
 __all__ = ["MAX_DERIVED", "Derived", "DerivedAlarms", "splice"]

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import Any, Callable
 
-from gradmon.jsonl import to_jsonable
+from gradmon.logformat.jsonl import to_jsonable
 from gradmon.server.stream import Position, RunStream
 
 __all__ = [

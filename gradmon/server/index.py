@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from gradmon.schema import NOT_SERIES
+from gradmon.logformat.schema import NOT_SERIES
 from gradmon.server.derived import DerivedAlarms
 from gradmon.server.parse import ParsedLines, parse_lines
 from gradmon.server.query import HistoryPlan, plan_history

@@ -21,8 +21,8 @@ from operator import is_not
 from typing import Any
 
 # The field-type rules of ``validate_record``, checked here a column at a time.
-from gradmon.jsonl import STRICT_DECODER, RecordError, decode_record, encode_record, validate_record
-from gradmon.schema import INT_FIELDS, NUMBER_FIELDS
+from gradmon.logformat.jsonl import STRICT_DECODER, RecordError, decode_record, encode_record, validate_record
+from gradmon.logformat.schema import INT_FIELDS, NUMBER_FIELDS
 
 __all__ = ["ParsedLines", "parse_lines"]
 

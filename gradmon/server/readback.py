@@ -12,7 +12,7 @@ from itertools import chain, islice, repeat
 from operator import itemgetter, le
 from typing import Any
 
-from gradmon.schema import MARK_FLAGS, NOT_SERIES
+from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES
 from gradmon.server.downsample import downsample_indices
 from gradmon.server.parse import parse_lines
 from gradmon.server.segments import Intervals, Replaced

@@ -17,7 +17,7 @@ from itertools import islice, repeat
 from operator import itemgetter, le
 from typing import Any, Optional
 
-from gradmon.schema import MARK_FLAGS, NOT_SERIES, OVERFLOW_REASON
+from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES, OVERFLOW_REASON
 from gradmon.server.pyramid import BUCKET, Pyramid, Summary, column_summary
 from gradmon.server.values import number
 

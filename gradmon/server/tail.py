@@ -14,7 +14,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 
-from gradmon.lines import MAX_LINE_BYTES, LineSplitter
+from gradmon.logformat.lines import MAX_LINE_BYTES, LineSplitter
 
 __all__ = ["FileTailer", "TailResult", "make_gen", "read_lines"]
 

@@ -18,7 +18,7 @@ from mindspore.train import Model
 import gradmon.integrations.mindformers  # registers GradmonTrainStep in mindformers
 from examples.mindformers.tiny_llama import counting_tokens, tiny_llama
 from gradmon import LiveMonitor
-from gradmon.runlog import read_records
+from gradmon.logformat.reader import read_records
 from tests.with_mindformers.conftest import needs_mindformers_layout
 from tests.with_mindformers.mf_util import TRAINER_DEFAULTS, mf_loss_monitor_lines
 

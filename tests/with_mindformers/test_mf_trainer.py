@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("mindformers", reason="mindformers is not installed (make test-mindformers)")
 
 from examples.mindformers.tiny_llama import CONFIG, HERE, write_dataset
-from gradmon.runlog import read_records
+from gradmon.logformat.reader import read_records
 from tests.with_mindformers.conftest import needs_mindformers_layout
 from tests.with_mindformers.mf_util import mf_loss_monitor_lines
 

@@ -2,7 +2,7 @@
 
 :class:`MonitorSettings` validates the monitor's options once. :class:`Segment` is what one
 ``start`` opens and one ``close`` ends: the header, a writer per file this rank writes, the
-:class:`~gradmon.steplog.StepLogger` that turns steps into records, the segment's alarm rule
+:class:`~gradmon.monitor.steplog.StepLogger` that turns steps into records, the segment's alarm rule
 (a fresh one per segment, as for a new process: a resumed segment never continues an incident of
 the one before) and the system sampler.
 """
@@ -15,16 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
-from gradmon.alarms import AlarmConfig, AlarmRule
-from gradmon.header import distributed, header_fields
-from gradmon.lr import LrReader
-from gradmon.runlog import RunLogWriter
-from gradmon.steplog import StepLogger
-from gradmon.training_state import overflow_floor, save_abort_checkpoint
+from gradmon.logformat.alarms import AlarmConfig, AlarmRule
+from gradmon.monitor.header import distributed, header_fields
+from gradmon.monitor.lr import LrReader
+from gradmon.monitor.steplog import StepLogger
+from gradmon.monitor.training_state import overflow_floor, save_abort_checkpoint
+from gradmon.monitor.writer import RunLogWriter
 
 __all__ = ["MonitorSettings", "Segment", "alarm_config_of", "rank_log_path"]
 
-_log = logging.getLogger("gradmon.callback")
+_log = logging.getLogger("gradmon.monitor.callback")
 
 
 def rank_log_path(log_file: str, rank: int) -> str:
@@ -55,7 +55,7 @@ def alarm_config_of(value: AlarmConfig | Mapping[str, Any] | None) -> AlarmConfi
 
 @dataclass(frozen=True)
 class MonitorSettings:
-    """The options of :class:`gradmon.callback.LiveMonitor` (see there), validated."""
+    """The options of :class:`gradmon.monitor.callback.LiveMonitor` (see there), validated."""
 
     log_file: str
     log_interval: int = 1
@@ -156,7 +156,7 @@ class Segment:
         if settings.system_metrics and self.writers:
             import mindspore as ms
 
-            from gradmon.sysmetrics import SystemSampler
+            from gradmon.monitor.sysmetrics import SystemSampler
 
             logger = self.logger
             self._sampler = SystemSampler(logger.emit, lambda: logger.step, interval=settings.system_interval,

@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from gradmon.schema import ALARM_REASONS
+from gradmon.logformat.schema import ALARM_REASONS
 
 __all__ = ["ALARM_REASONS", "AlarmConfig", "AlarmRule", "RunningBaseline", "Verdict", "is_overflow"]
 

@@ -2,7 +2,7 @@
 run when a segment starts — versions, execution and parallel mode, world, the step cell's
 settings, the epoch length and where the step numbering resumes.
 
-:func:`gradmon.runlog.header_record` adds the fields every header has (schema, run id, host...).
+:func:`gradmon.monitor.writer.header_record` adds the fields every header has (schema, run id, host...).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import mindspore as ms
 
 __all__ = ["cell_config", "distributed", "header_fields", "parallel_info"]
 
-_log = logging.getLogger("gradmon.callback")
+_log = logging.getLogger("gradmon.monitor.callback")
 
 
 def distributed() -> tuple[int, int]:

@@ -5,7 +5,7 @@ abort checkpoint.
   network holds the step cell's device counters (``MonitoredTrainStep``: ``gradmon_counts``) and
   the optimizer's ``global_step``; after ``load_checkpoint`` both say how far training got.
 - :func:`overflow_floor`: the loss scale at or below which a loss-scale overflow is a failure
-  rather than a dynamic scale settling (see :func:`gradmon.records.abort_vote`).
+  rather than a dynamic scale settling (see :func:`gradmon.monitor.records.abort_vote`).
 - :func:`epoch_length`: the number of steps MindSpore actually runs per epoch; :func:`batch_size`.
 """
 
@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from gradmon.records import DYNAMIC_MIN_LOSS_SCALE
+from gradmon.monitor.records import DYNAMIC_MIN_LOSS_SCALE
 
 __all__ = ["batch_size", "epoch_length", "overflow_floor", "restored_step", "save_abort_checkpoint"]
 
-_log = logging.getLogger("gradmon.callback")
+_log = logging.getLogger("gradmon.monitor.callback")
 
 
 def restored_step(cell: Any, optimizer: Any) -> tuple[int, str]:

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - Windows
 
 __all__ = ["LogInUseError", "WriterLock", "lock_path"]
 
-_log = logging.getLogger("gradmon.runlog")
+_log = logging.getLogger("gradmon.monitor.writelock")
 
 
 def lock_path(log_path: str) -> str:

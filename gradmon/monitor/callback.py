@@ -1,10 +1,10 @@
 """``LiveMonitor``: the MindSpore callback that writes the run log (docs/format.md).
 
 A thin adapter: MindSpore's callback hooks (and ``log`` / ``after_step`` for hand-written loops)
-are turned into calls of :class:`gradmon.steplog.StepLogger`, which owns the read interval, the
+are turned into calls of :class:`gradmon.monitor.steplog.StepLogger`, which owns the read interval, the
 records, their events and the abort policy. What MindSpore tells about the run goes into the
-header (:mod:`gradmon.header`); where a resumed run continues comes from the restored training
-state (:mod:`gradmon.training_state`).
+header (:mod:`gradmon.monitor.header`); where a resumed run continues comes from the restored training
+state (:mod:`gradmon.monitor.training_state`).
 
 Host cost per step: a non-log step is two ``time.perf_counter()`` calls and a few integer
 operations (no tensor is read). Every ``log_interval`` steps the monitor reads the device once:
@@ -27,14 +27,14 @@ from typing import Any, Callable
 
 from mindspore.train import Callback
 
-from gradmon.alarms import AlarmConfig
-from gradmon.jsonl import to_jsonable
-from gradmon.outputs import parse_step_outputs, to_float, to_host
-from gradmon.records import eval_metrics, resumed_epoch_offset
-from gradmon.schema import FLAG_FIELDS
-from gradmon.segment import MonitorSettings, Segment, rank_log_path
-from gradmon.steplog import StepLogger
-from gradmon.training_state import batch_size, epoch_length, restored_step
+from gradmon.logformat.alarms import AlarmConfig
+from gradmon.logformat.jsonl import to_jsonable
+from gradmon.logformat.schema import FLAG_FIELDS
+from gradmon.monitor.outputs import parse_step_outputs, to_float, to_host
+from gradmon.monitor.records import eval_metrics, resumed_epoch_offset
+from gradmon.monitor.segment import MonitorSettings, Segment, rank_log_path
+from gradmon.monitor.steplog import StepLogger
+from gradmon.monitor.training_state import batch_size, epoch_length, restored_step
 
 __all__ = ["LiveMonitor", "log_file_path", "rank_log_path"]
 
@@ -69,7 +69,7 @@ class LiveMonitor(Callback):
         log_file: the run log, e.g. ``logs/exp001/metrics.jsonl``; an existing directory (or a
             path ending with a separator) means ``metrics.jsonl`` inside it. Directories are
             created; the file is appended to, so a restarted run adds a new segment. One writer
-            per log: a second one raises :class:`gradmon.runlog.LogInUseError`.
+            per log: a second one raises :class:`gradmon.monitor.writelock.LogInUseError`.
         log_interval: read the device on steps that are multiples of this (and before an
             evaluation and at the end). With a device history (``MonitoredTrainStep(history_size
             >= log_interval)``) every step still gets a record; else only the steps read do.
@@ -95,10 +95,10 @@ class LiveMonitor(Callback):
             ``spike``, ``abort``, ``alarm``, ``alarm_end``, ...), on the training thread; an
             exception in it is logged once.
         retry_initial: first back-off (seconds) before reopening an unwritable log.
-        alarms: run the alarm rule (:class:`gradmon.alarms.AlarmRule`, docs/format.md "Alarms")
+        alarms: run the alarm rule (:class:`gradmon.logformat.alarms.AlarmRule`, docs/format.md "Alarms")
             over every step record and write its ``alarm`` / ``alarm_end`` events, one rule per
             segment, named in the header (``alarm_rule``). False: readers judge the log.
-        alarm_config: the rule's thresholds: an :class:`gradmon.alarms.AlarmConfig` or a dict of
+        alarm_config: the rule's thresholds: an :class:`gradmon.logformat.alarms.AlarmConfig` or a dict of
             some of its fields, e.g. ``{"quiet_steps": 20}`` (default: ``AlarmConfig()``).
 
     Hand-written loops: see the module docstring (``log``, ``attach`` + ``after_step``, ``close``).

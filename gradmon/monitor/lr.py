@@ -18,7 +18,7 @@ import numpy as np
 
 __all__ = ["LrReader", "step_indices"]
 
-_log = logging.getLogger("gradmon.lr")
+_log = logging.getLogger("gradmon.monitor.lr")
 
 
 def step_indices(global_step: int, skipped: list[bool]) -> list[int]:

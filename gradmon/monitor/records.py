@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gradmon.schema import FLAG_FIELDS, OVERFLOW_REASON
+from gradmon.logformat.schema import FLAG_FIELDS, OVERFLOW_REASON
 
 __all__ = [
     "DYNAMIC_MIN_LOSS_SCALE",
@@ -135,7 +135,7 @@ def resumed_epoch_offset(initial_step: int, steps_per_epoch: int | None, reporte
 
 def skipped_mask(items: Sequence[StepFields], first: int, n: int) -> list[bool]:
     """For the steps ``first .. first+n-1``, whether each skipped its update (so the optimizer's
-    ``global_step`` did not advance for it: see :func:`gradmon.lr.step_indices`)."""
+    ``global_step`` did not advance for it: see :func:`gradmon.monitor.lr.step_indices`)."""
     mask = [False] * n
     for step, fields in items:
         if 0 <= step - first < n:

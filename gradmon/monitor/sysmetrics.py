@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 __all__ = ["SystemSampler", "device_memory", "sample_system"]
 
-_log = logging.getLogger("gradmon.sysmetrics")
+_log = logging.getLogger("gradmon.monitor.sysmetrics")
 
 
 def device_memory(device_target: str | None) -> dict[str, int]:

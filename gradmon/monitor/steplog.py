@@ -2,12 +2,12 @@
 
 It owns the read interval (a non-log step costs a counter, a list append and a timestamp: no
 device read), the one read per log step (the step cell's device history, else the last step's
-outputs), the records built from it (:mod:`gradmon.records`), their events, the abort policy, the alarm
-rule (:mod:`gradmon.alarms`, at full resolution: it sees every step record written), the
-``on_event`` hook and the layer statistics. The step cell, the learning-rate reader and the step
-outputs are duck-typed (docs/design.md's cell contract), so all of this is tested without
-MindSpore (tests/test_steplog.py); :class:`gradmon.callback.LiveMonitor` adapts MindSpore's
-callback hooks to it.
+outputs), the records built from it (:mod:`gradmon.monitor.records`), their events, the abort
+policy, the alarm rule (:mod:`gradmon.logformat.alarms`, at full resolution: it sees every step
+record written), the ``on_event`` hook and the layer statistics. The step cell, the learning-rate
+reader and the step outputs are duck-typed (docs/design.md's cell contract), so all of this is
+tested without MindSpore (tests/test_steplog.py); :class:`gradmon.monitor.callback.LiveMonitor`
+adapts MindSpore's callback hooks to it.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Protocol
 
-from gradmon.alarms import AlarmRule
-from gradmon.outputs import parse_step_outputs
-from gradmon.records import (
+from gradmon.logformat.alarms import AlarmRule
+from gradmon.monitor.outputs import parse_step_outputs
+from gradmon.monitor.records import (
     DYNAMIC_MIN_LOSS_SCALE,
     BadStepCounter,
     EpochTrack,
@@ -35,13 +35,13 @@ from gradmon.records import (
 
 __all__ = ["RecordSink", "StepLogger"]
 
-_log = logging.getLogger("gradmon.callback")
+_log = logging.getLogger("gradmon.monitor.callback")
 
 EventHook = Callable[[dict[str, Any]], Any]
 
 
 class RecordSink(Protocol):
-    """Where records go: a :class:`gradmon.runlog.RunLogWriter`."""
+    """Where records go: a :class:`gradmon.monitor.writer.RunLogWriter`."""
 
     @property
     def closed(self) -> bool: ...
@@ -58,9 +58,10 @@ class StepLogger:
         initial_step: the last step before this segment (the next step is ``initial_step + 1``).
         epoch: the epoch the segment starts in.
         cell: the step cell, for ``gradmon_read_history`` / ``gradmon_layer_stats`` when it has them.
-        lr_reader: ``values(n, skipped) -> [rate, ...]`` of the last ``n`` steps (``gradmon.lr.LrReader``).
+        lr_reader: ``values(n, skipped) -> [rate, ...]`` of the last ``n`` steps
+            (``gradmon.monitor.lr.LrReader``).
         samples_per_step: samples per step over all ranks, for ``throughput``.
-        abort_after: stop after this many consecutive bad steps (:func:`gradmon.records.abort_vote`).
+        abort_after: stop after this many consecutive bad steps (:func:`gradmon.monitor.records.abort_vote`).
         overflow_floor: the loss scale at or below which an overflow counts toward ``abort_after``.
         on_event: called with a copy of every ``event`` record written (exceptions are logged once).
         save_checkpoint: called on abort; returns ``(path or None, note for the message)``.

@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from gradmon.schema import INT_FIELDS, NUMBER_FIELDS, TEXT_KEYS
+from gradmon.logformat.schema import INT_FIELDS, NUMBER_FIELDS, TEXT_KEYS
 
 __all__ = [
     "NONFINITE_STRINGS",
