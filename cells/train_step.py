@@ -144,6 +144,8 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
         self.spike_z = spike.z_threshold
         self.clips = self.has_max_norm or self.spike_clip
         self.may_skip = self.skip_nonfinite or self.spike_skip
+        # The update runs exactly on finite steps (no loss-scale update cell, no spike skip).
+        self.skips_only_nonfinite = self.skip_nonfinite and not loss_scale and not self.spike_skip
         # Clipping without loss scaling inside the skip switch (see _monitored_update). With loss
         # scaling every step rescales anyway, and without a skip a branch costs more than it saves.
         self.clip_in_branch = self.clips and self.may_skip and not self.unscales
@@ -274,9 +276,12 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
         apply = self._update_allowed(finite, spike, scale_used)
         loss = self._guarded_update(loss, update, coef, apply)
         if self.history_size > 0:
-            clipped = ops.logical_and(apply, coef < 1.0)
-            self._record(loss, norm, coef, zscore, clipped, spike, ops.logical_not(apply),
-                         ops.logical_not(finite), scale_used, local)
+            # Flags fixed by the options are constants (no kernel): without clipping nothing is
+            # clipped, and with the non-finite skip alone a step is skipped exactly when it is non-finite.
+            clipped = ops.logical_and(apply, coef < 1.0) if self.clips else self._false
+            nonfinite = ops.logical_not(finite)
+            skipped = nonfinite if self.skips_only_nonfinite else ops.logical_not(apply)
+            self._record(loss, norm, coef, zscore, clipped, spike, skipped, nonfinite, scale_used, local)
         return loss, norm, grads
 
     def _local_norm(self, grads, inv_scale):
@@ -352,6 +357,8 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
         """
         if not self.may_skip:
             return ops.ones_like(finite)
+        if self.skips_only_nonfinite:
+            return finite
         overflow = ops.logical_not(finite)
         if self.loss_scaling_manager is not None:
             overflow = self.loss_scaling_manager(self.scale_sense, ops.depend(overflow, scale_used))
