@@ -72,7 +72,7 @@ def run_case(fault_name: str, defence: str, *, steps: int = 600, log_dir: str | 
     """Train one case; returns ``{final_loss, rollbacks, aborted, seconds, log}``."""
     import mindspore as ms
     from gradmon.cells import MonitoredTrainStep
-    from mindspore import Tensor, nn
+    from mindspore import Tensor, nn, ops
     from mindspore import dataset as ds
     from mindspore.train import Callback, Model
 
@@ -95,7 +95,8 @@ def run_case(fault_name: str, defence: str, *, steps: int = 600, log_dir: str | 
             b = run_context.original_args().cur_step_num  # 1-based index of the batch about to run
             bad = fault is not None and fault["kind"] == "lr" and \
                 fault["start"] < b <= fault["start"] + fault["length"]
-            opt.learning_rate.set_data(Tensor(LR * (fault["factor"] if bad else 1.0), ms.float32))
+            # ops.assign, not set_data: a compiled clipping step ignores a Parameter given a new buffer.
+            ops.assign(opt.learning_rate, Tensor(LR * (fault["factor"] if bad else 1.0), ms.float32))
 
     log_dir = log_dir or tempfile.mkdtemp(prefix="gradmon-divergence-")
     log = os.path.join(log_dir, f"{fault_name}-{defence}.jsonl")

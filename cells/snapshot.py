@@ -3,8 +3,12 @@
 A snapshot is a host numpy copy of every Parameter of the train cell: the network's weights, the
 optimizer's state (moments, ``global_step``, its rate), the monitored step's device counters,
 history ring and spike-detector state, and the loss scale with its update cell's counters. Restoring
-writes each copy back into its Parameter (``set_data``, what ``load_param_into_net`` does), which a
-compiled GRAPH-mode step then uses: the restored cell replays the same steps to the bit.
+copies each back into its Parameter's own buffer (``ops.assign``), which a compiled GRAPH-mode step
+then uses: the restored cell replays the same steps to the bit. Not ``set_data`` (what
+``load_param_into_net`` does): it gives the Parameter a new buffer, and a compiled step whose
+optimizer runs inside a switch branch (``MonitoredTrainStep`` clipping with a skip possible) goes on
+updating the old one — measured on MindSpore 2.10: the restored weights are read by the forward pass,
+the update ignores them.
 
 Why host copies: measured on CPU (docs/cells.md, "Snapshots"), ``asnumpy().copy()`` of the 22M
 model with Adam (253 MiB) takes ~0.22 s and a device-side ``Tensor.copy()`` per parameter ~2.9 s
@@ -58,7 +62,7 @@ def take_snapshot(cell: Any, step: int) -> ParameterSnapshot:
 def restore_snapshot(cell: Any, snapshot: ParameterSnapshot) -> None:
     """Write ``snapshot`` back into ``cell``'s Parameters. The cell must have the same Parameters
     (names, shapes, dtypes) as when it was taken; otherwise ``ValueError`` and nothing is written."""
-    from mindspore import Tensor
+    from mindspore import Tensor, ops
 
     params = _parameters(cell)
     names = {name for name, _ in params}
@@ -71,9 +75,9 @@ def restore_snapshot(cell: Any, snapshot: ParameterSnapshot) -> None:
             raise ValueError(f"the snapshot's {name} has shape {saved.shape}, "
                              f"the cell's {tuple(param.shape)}")
     for name, param in params:
-        # Tensor(array) copies the array (tests/test_recovery_cells.py: training on after a restore
-        # leaves the snapshot as it was, so it can be restored again).
-        param.set_data(Tensor(snapshot.arrays[name]))
+        # Into the Parameter's buffer (see the module docstring); the snapshot's array is only read,
+        # so it can be restored again.
+        ops.assign(param, Tensor(snapshot.arrays[name]))
 
 
 class SnapshotMixin:
