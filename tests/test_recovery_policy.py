@@ -126,3 +126,22 @@ def test_no_snapshot_old_enough_gives_up():
     policy.observe(step(1, loss=math.nan, nonfinite=True))
     verdict = policy.plan(policy.trigger)
     assert isinstance(verdict, GiveUp) and "no snapshot from before step 1" in verdict.message
+
+
+def test_loss_rise_names_where_the_rise_began_and_comes_back_with_the_snapshot():
+    from gradmon.monitor.recovery import LossRise
+
+    policy = RecoveryPolicy(Recovery(every=50, keep=2, on_alarm=False, skipped_steps=None,
+                                     rule=LossRise(factor=1.5, recent=5, window=50, min_history=20)))
+    run(policy, [step(i, loss=1.0 + 0.01 * (i % 3)) for i in range(1, 61)])
+    assert policy.trigger is None
+    run(policy, [step(i, loss=2.5) for i in range(61, 64)], snap_every=False)
+    trigger = policy.trigger
+    assert trigger is not None and trigger.reason == "rule" and "median" in trigger.detail
+    assert trigger.incident_step == 58 and trigger.step == 62  # the first of the last 5 steps
+    plan = policy.plan(trigger)
+    assert plan.step == 50
+    policy.rolled_back(plan)
+    # The rule's window is back at step 50: normal losses after the rollback do not fire it.
+    run(policy, [step(i, loss=1.0) for i in range(51, 60)], snap_every=False)
+    assert policy.trigger is None

@@ -16,7 +16,11 @@ they are not trained again). Triggers, judged on every step record the monitor r
   back);
 - **skipped steps**: ``skipped_steps`` consecutive skipped or non-finite steps (the abort policy's
   count, :func:`gradmon.monitor.records.abort_vote`: a dynamic loss scale settling does not count);
-- a **user rule**: ``rule(step_record)`` returns a reason (a non-empty str, or True).
+- a **user rule**: ``rule(step_record)`` returns a reason (a non-empty str, or True, or
+  ``(reason, first_step)`` to name where the incident began). :class:`LossRise` is one: a loss that
+  stays well above its recent level, the slow divergence neither the alarm rule nor the detector
+  sees (a learning rate too high for a while, a shard of wrong labels). A rule object's state is
+  kept with each snapshot too (``copy.deepcopy``).
 
 The incident's first step names the snapshot: the newest one taken *after* a step strictly before it.
 A snapshot is only taken when the state is clean: every step up to it judged (the monitor reads the
@@ -28,6 +32,8 @@ before the incident, ends in an abort with a message saying which.
 from __future__ import annotations
 
 import copy
+import math
+import statistics
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,7 +42,8 @@ from typing import Any
 from gradmon.logformat.alarms import AlarmConfig, AlarmRule
 from gradmon.monitor.records import BadStepCounter, abort_vote
 
-__all__ = ["ALARM_TRIGGERS", "GiveUp", "Recovery", "RecoveryPolicy", "RollbackPlan", "Trigger", "recovery_of"]
+__all__ = ["ALARM_TRIGGERS", "GiveUp", "LossRise", "Recovery", "RecoveryPolicy", "RollbackPlan", "Trigger",
+           "recovery_of"]
 
 # The alarm reasons that may trigger a rollback ("abort" is the end, not a fault to undo).
 ALARM_TRIGGERS = ("nonfinite", "grad_norm_spike", "loss_spike")
@@ -182,6 +189,7 @@ class RecoveryPolicy:
         self.batches = 0  # steps run in this process, abandoned ones included
         self._rollback_batches: deque[int] = deque()  # self.batches at each rollback
         self._rule = AlarmRule(self._alarm_config) if config.on_alarm else None
+        self._user_rule = copy.deepcopy(config.rule)  # a rule object's state goes back with a rollback
         self._bad = BadStepCounter(config.skipped_steps)
         self._bad_first: int | None = None  # first step of the current run of bad steps
         self._last_snapshot: int | None = None
@@ -210,11 +218,14 @@ class RecoveryPolicy:
             first = self._bad_first if self._bad_first is not None else step
             found = found or Trigger("skipped", f"{self._bad.consecutive} consecutive skipped or non-finite "
                                      "steps", first, step)
-        if self.config.rule is not None:
-            verdict = self.config.rule(record)
+        if self._user_rule is not None:
+            verdict = self._user_rule(record)
+            first = step
+            if isinstance(verdict, tuple):
+                verdict, first = verdict[0], min(int(verdict[1]), step)
             if verdict:
                 text = verdict if isinstance(verdict, str) else "user rule"
-                found = found or Trigger("rule", text, step, step)
+                found = found or Trigger("rule", text, first, step)
         if found is not None and self.trigger is None:
             self.trigger = found
 
@@ -233,7 +244,8 @@ class RecoveryPolicy:
     def add_snapshot(self, step: int, snapshot: Any) -> None:
         """Keep ``snapshot`` (taken after ``step``), with the trigger state at that step; the oldest
         goes when the ring is full."""
-        state = (copy.deepcopy(self._rule), copy.deepcopy(self._bad), self._bad_first)
+        state = (copy.deepcopy(self._rule), copy.deepcopy(self._bad), self._bad_first,
+                 copy.deepcopy(self._user_rule))
         self.ring = deque((e for e in self.ring if e.step < step), maxlen=None)
         self.ring.append(_Entry(int(step), snapshot, state))
         while len(self.ring) > self.config.keep:
@@ -269,13 +281,47 @@ class RecoveryPolicy:
         snapshots after it belong to the abandoned stretch."""
         self.ring = deque(e for e in self.ring if e.step <= plan.step)
         entry = self.ring[-1]
-        rule, bad, bad_first = entry.host_state
+        rule, bad, bad_first, user_rule = entry.host_state
         self._rule, self._bad, self._bad_first = copy.deepcopy(rule), copy.deepcopy(bad), bad_first
+        self._user_rule = copy.deepcopy(user_rule)
         self._rollback_batches.append(self.batches)
         while self._rollback_batches and self._rollback_batches[0] <= self.batches - self.config.window:
             self._rollback_batches.popleft()
         self.trigger = None
         self._last_snapshot = plan.step
+
+
+class LossRise:
+    """A user rule for :class:`Recovery`: the mean loss of the last ``recent`` steps is above
+    ``factor`` times the median loss of the ``window`` steps before them (after ``min_history`` of
+    those). Names the first of the ``recent`` steps as the incident's start. Non-finite losses are
+    left to the alarm rule."""
+
+    def __init__(self, factor: float = 1.5, recent: int = 10, window: int = 100,
+                 min_history: int = 50) -> None:
+        if not (factor > 1 and recent >= 1 and window >= min_history >= 1):
+            raise ValueError("LossRise needs factor > 1, recent >= 1 and window >= min_history >= 1")
+        self.factor, self.recent, self.window, self.min_history = float(factor), recent, window, min_history
+        self._recent: deque[tuple[int, float]] = deque()
+        self._base: deque[float] = deque()
+
+    def __call__(self, record: Mapping[str, Any]) -> tuple[str, int] | None:
+        loss, step = record.get("loss"), record.get("step")
+        if not isinstance(loss, (int, float)) or not math.isfinite(loss) or not isinstance(step, int):
+            return None
+        self._recent.append((step, float(loss)))
+        if len(self._recent) > self.recent:
+            self._base.append(self._recent.popleft()[1])
+            if len(self._base) > self.window:
+                self._base.popleft()
+        if len(self._recent) < self.recent or len(self._base) < self.min_history:
+            return None
+        median = statistics.median(self._base)
+        mean = sum(v for _, v in self._recent) / len(self._recent)
+        if median > 0 and mean > self.factor * median:
+            return (f"loss {mean:.4g} over the last {self.recent} steps is {mean / median:.1f}x "
+                    f"its median {median:.4g}", self._recent[0][0])
+        return None
 
 
 def _describe(trigger: Trigger) -> str:

@@ -168,6 +168,11 @@
       return !!m && m.reason === OVERFLOW;
     }
 
+    /** The run's rollbacks (automatic recovery's `rollback` events, docs/format.md), sorted by step. */
+    rollbacks() {
+      return this.events.filter((e) => e.kind === "rollback" && typeof e.step === "number").sort((a, b) => a.step - b.step);
+    }
+
     /** Marks of a kind ("spike", "nonfinite", "skip"), sorted by step. */
     marksOf(kind) {
       const out = [];
