@@ -13,9 +13,10 @@ Both start at batch 450 of 600: late enough that a damaged run has no time to le
 
 Defences: ``none`` (no clip, no skip: non-finite updates go in), ``clip`` (``max_norm`` + the spike
 detector clipping), ``skip`` (the spike detector skipping, non-finite steps skipped), ``recovery``
-(``clip`` + ``LiveMonitor(recovery=Recovery(every=50, keep=3, rule=LossRise()))``: the alarm and
-skip triggers as by default, plus the loss-rise rule for the slow divergences). The score is the final weights' loss on a clean held-out
-set (``inf`` when they are non-finite); the target: recovery within 10 % of the clean run.
+(``clip`` + ``LiveMonitor(recovery=Recovery(every=50, keep=3, rule=LossRise()))``: the alarm and skip
+triggers as by default, plus the loss-rise rule for the slow divergences). The score is the final
+weights' loss on a clean held-out set (``inf`` when they are non-finite); the target: recovery within
+10 % of the clean run.
 
 Run: ``python -m benchmarks.divergence [--out DIR]`` (about a minute on 2 cores). Importable:
 :func:`run_case` is what tests/test_recovery_train.py runs, on fewer steps.

@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from gradmon.monitor.recovery import GiveUp, Recovery, RecoveryPolicy, RollbackPlan, recovery_of, rollback_event
+from gradmon.monitor.recovery import (
+    GiveUp,
+    Recovery,
+    RecoveryPolicy,
+    RollbackPlan,
+    recovery_of,
+    rollback_event,
+)
 
 
 def step(i: int, **kw) -> dict:
@@ -48,7 +55,8 @@ def test_ring_keeps_the_newest_snapshots_every_m_steps():
 
 def test_a_nonfinite_step_rolls_back_to_the_snapshot_before_it():
     policy = RecoveryPolicy(Recovery(every=10, keep=3))
-    run(policy, [step(i) for i in range(1, 26)] + [step(26, loss=math.nan, grad_norm=math.nan, nonfinite=True)])
+    bad = step(26, loss=math.nan, grad_norm=math.nan, nonfinite=True)
+    run(policy, [step(i) for i in range(1, 26)] + [bad])
     trigger = policy.trigger
     assert (trigger.reason, trigger.detail, trigger.incident_step) == ("alarm", "nonfinite", 26)
     plan = policy.plan(trigger)

@@ -9,6 +9,7 @@ import math
 import mindspore as ms
 import numpy as np
 import pytest
+from gradmon.cells import MonitoredTrainStep
 from mindspore import Tensor, nn
 from mindspore import dataset as ds
 from mindspore.train import Model
@@ -16,7 +17,6 @@ from server_helpers import get_json, wait_for
 from train_util import BATCH, IN_DIM, mlp, records, segments, use_graph_mode
 
 from examples.models import with_loss
-from gradmon.cells import MonitoredTrainStep
 from gradmon.monitor.callback import LiveMonitor
 from gradmon.server import start_server
 
@@ -44,8 +44,8 @@ def dataset(steps: int, bad=()):
 def undefended_cell():
     """No defence: a non-finite update goes in and the weights stay NaN."""
     net = mlp()
-    return net, MonitoredTrainStep(with_loss(net), nn.Adam(net.trainable_params(), 1e-3), skip_nonfinite=False,
-                                   history_size=32)
+    opt = nn.Adam(net.trainable_params(), 1e-3)
+    return net, MonitoredTrainStep(with_loss(net), opt, skip_nonfinite=False, history_size=32)
 
 
 def finite(net) -> bool:
@@ -140,8 +140,8 @@ def test_hand_written_loop_rolls_back(tmp_path):
             out = cell(Tensor(x[i * BATCH:(i + 1) * BATCH]), Tensor(y[i * BATCH:(i + 1) * BATCH]))
             monitor.after_step(out)
     assert finite(net) and monitor.rollbacks == 1 and monitor.step == 25  # 30 batches, 11-15 abandoned
-    first, second = segments(tmp_path / "metrics.jsonl")
-    assert second[0]["initial_step"] == 10 and [r["step"] for r in second if r["type"] == "step"][0] == 11
+    _, second = segments(tmp_path / "metrics.jsonl")
+    assert second[0]["initial_step"] == 10 and next(r["step"] for r in second if r["type"] == "step") == 11
 
 
 def test_the_cap_ends_in_an_abort_with_its_message(tmp_path):
