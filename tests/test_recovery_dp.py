@@ -29,9 +29,9 @@ def test_ranks_roll_back_together(tmp_path):
         assert first[-1]["status"] == "rolled_back" and second[0]["initial_step"] == 10
         rollback = second[1]
         assert rollback["kind"] == "rollback" and rollback["restored_step"] == 10
-        assert rollback["incident_step"] == 12
         assert [r["step"] for r in second if r["type"] == "step"] == [11, 12, 13]
     # Rank 1 saw its own rule; rank 0 followed it.
     r0 = segments(run_dir / "metrics.rank0.jsonl")[1][1]
     r1 = segments(run_dir / "metrics.rank1.jsonl")[1][1]
-    assert (r0["reason"], r1["reason"], r1["detail"]) == ("rank", "rule", "rank 1's rule")
+    assert (r0["reason"], r0["detail"]) == ("rank", "another rank's rule trigger")
+    assert (r1["reason"], r1["detail"], r1["incident_step"]) == ("rule", "rank 1's rule", 12)

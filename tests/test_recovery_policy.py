@@ -153,3 +153,35 @@ def test_loss_rise_names_where_the_rise_began_and_comes_back_with_the_snapshot()
     # The rule's window is back at step 50: normal losses after the rollback do not fire it.
     run(policy, [step(i, loss=1.0) for i in range(51, 60)], snap_every=False)
     assert policy.trigger is None
+
+
+def test_data_parallel_agreement_from_summed_votes():
+    # Two ranks, the same ring; only one saw a trigger (its loss rule). What the sum decides is the
+    # same on both: roll back, to the snapshot the triggering rank chose.
+    from gradmon.monitor.rollback import agree_from_sums, local_vote
+
+    def ranks():
+        policies = [RecoveryPolicy(Recovery(every=10, keep=3, on_alarm=False, skipped_steps=None,
+                                            rule=lambda r: None)) for _ in range(2)]
+        for p in policies:
+            run(p, [step(i) for i in range(1, 26)])
+        return policies
+
+    quiet, loud = ranks()
+    from gradmon.monitor.recovery import Trigger
+
+    loud.trigger = Trigger("rule", "rank 1's rule", 23, 25)
+    sums = local_vote(quiet, None, False) + local_vote(loud, loud.trigger, True)
+    t0, unclean0 = agree_from_sums(quiet, None, sums, 25)
+    t1, unclean1 = agree_from_sums(loud, loud.trigger, sums, 25)
+    assert unclean0 and unclean1 and t1 is loud.trigger
+    assert t0.reason == "rank" and "rule" in t0.detail
+    assert quiet.plan(t0).step == loud.plan(t1).step == 20
+    # Two triggers wanting different snapshots: both take the older one.
+    other = Trigger("alarm", "nonfinite", 15, 25)
+    sums = local_vote(quiet, other, True) + local_vote(loud, loud.trigger, True)
+    t0, _ = agree_from_sums(quiet, other, sums, 25)
+    t1, _ = agree_from_sums(loud, loud.trigger, sums, 25)
+    assert quiet.plan(t0).step == loud.plan(t1).step == 10
+    # Nobody: no trigger, clean.
+    assert agree_from_sums(quiet, None, local_vote(quiet, None, False) * 2, 25) == (None, False)

@@ -9,15 +9,17 @@ one step cell after each training step: it makes the monitor read the device bef
 Data parallel: every rank must keep the same snapshots and roll back together, or the replicas part.
 The gradient norm and the skip flags agree across ranks (the norm is global), but the loss (and a
 user rule on it) is each rank's own. So at each decision point — the same steps on every rank: the
-monitor's reads — the ranks all-reduce (MAX) three integers: the trigger's kind, minus its incident
-step, and "not clean". Any rank's trigger rolls every rank back, to the snapshot before the earliest
-incident; a snapshot is kept only where every rank is clean. One tiny collective per read, only with
-recovery on and more than one rank.
+monitor's reads — the ranks all-reduce a small vector: "not clean", a count per trigger kind, and a
+one-hot of the snapshot each rank's trigger would restore (CPU AllReduce sums float32 only, so the
+decision is built from sums). Any rank's trigger rolls every rank back, to the oldest snapshot any of
+them chose; a snapshot is kept only where every rank is clean. One tiny collective per read, only
+with recovery on and more than one rank.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -26,50 +28,77 @@ from gradmon.logformat.alarms import AlarmConfig
 from gradmon.monitor.header import distributed
 from gradmon.monitor.recovery import GiveUp, Recovery, RecoveryPolicy, RollbackPlan, Trigger
 
-__all__ = ["RecoveryDriver", "agreement"]
+__all__ = ["RecoveryDriver", "agree_from_sums", "agreement", "local_vote"]
 
 _log = logging.getLogger("gradmon.monitor.callback")
 
-# The order in which one rank's trigger kind wins over another's in the all-reduce (larger wins).
-_CODES = {"rule": 1, "skipped": 2, "alarm": 3}
-_NO_INCIDENT = -(2**31 - 1)
+# The order in which one rank's trigger kind wins over another's in the agreement (later wins).
+_KINDS = ("rule", "skipped", "alarm")
 
-Agreement = Callable[[Trigger | None, bool], tuple[Trigger | None, bool]]
+Agreement = Callable[[RecoveryPolicy, Trigger | None, bool, int], tuple[Trigger | None, bool]]
 
 
-def _alone(trigger: Trigger | None, unclean: bool) -> tuple[Trigger | None, bool]:
+Decision = tuple[Trigger | None, bool]
+
+
+def _alone(policy: RecoveryPolicy, trigger: Trigger | None, unclean: bool, now: int) -> Decision:
     return trigger, unclean
 
 
+def agree_from_sums(policy: RecoveryPolicy, trigger: Trigger | None, sums: Any, now: int) -> Decision:
+    """The decision from the summed vector (see :func:`local_vote`): pure, so tested without ranks."""
+    ring = policy.snapshot_steps()
+    unclean = sums[0] > 0.5
+    kinds = [k for k, n in zip(_KINDS, sums[1:4]) if n > 0.5]
+    if not kinds:
+        return None, unclean
+    chosen = [i for i, n in enumerate(sums[4:]) if n > 0.5]  # 0: none old enough, 1 + i: ring[i]
+    incident = (ring[chosen[0] - 1] + 1) if chosen and chosen[0] > 0 else (ring[0] if ring else 0)
+    if trigger is not None and _choice(policy, trigger) == (chosen[0] if chosen else 0):
+        return trigger, True
+    if trigger is not None:  # another rank's incident needs an older snapshot
+        return replace(trigger, incident_step=min(incident, trigger.incident_step)), True
+    return Trigger("rank", f"another rank's {kinds[-1]} trigger", incident, now), True
+
+
+def _choice(policy: RecoveryPolicy, trigger: Trigger) -> int:
+    """0 when no snapshot is from before ``trigger``'s incident, else 1 + its index in the ring."""
+    ring = policy.snapshot_steps()
+    before = [i for i, s in enumerate(ring) if s < trigger.incident_step]
+    return before[-1] + 1 if before else 0
+
+
+def local_vote(policy: RecoveryPolicy, trigger: Trigger | None, unclean: bool) -> np.ndarray:
+    """This rank's part of the sum: [not clean, one count per trigger kind, one-hot of its choice]."""
+    vote = np.zeros(4 + 1 + policy.config.keep, np.float32)
+    vote[0] = float(unclean)
+    if trigger is not None:
+        kind = trigger.reason if trigger.reason in _KINDS else "rule"
+        vote[1 + _KINDS.index(kind)] = 1.0
+        vote[4 + _choice(policy, trigger)] = 1.0
+    return vote
+
+
 def agreement() -> Agreement:
-    """The decision every rank takes: this rank's own when it is alone, else all-reduced (MAX)."""
+    """The decision every rank takes: this rank's own when it is alone, else all-reduced."""
     _, world = distributed()
     if world <= 1:
         return _alone
     from mindspore import Tensor, nn, ops
 
-    class _MaxAllReduce(nn.Cell):
+    class _SumAllReduce(nn.Cell):
         def __init__(self) -> None:
             super().__init__()
-            self.reduce = ops.AllReduce(ops.ReduceOp.MAX)
+            self.reduce = ops.AllReduce(ops.ReduceOp.SUM)
 
         def construct(self, x):
             return self.reduce(x)
 
-    reduce = _MaxAllReduce()
+    reduce = _SumAllReduce()
 
-    def agree(trigger: Trigger | None, unclean: bool) -> tuple[Trigger | None, bool]:
-        mine = [_CODES.get(trigger.reason, 1) if trigger else 0,
-                -trigger.incident_step if trigger else _NO_INCIDENT, int(unclean)]
-        code, neg_incident, any_unclean = (int(v) for v in reduce(Tensor(np.array(mine, np.int32))).asnumpy())
-        if code == 0:
-            return None, bool(any_unclean)
-        incident = -neg_incident
-        if trigger is not None and (trigger.incident_step, _CODES.get(trigger.reason, 1)) == (incident, code):
-            return trigger, True
-        step = trigger.step if trigger is not None else incident
-        name = {v: k for k, v in _CODES.items()}.get(code, "rule")
-        return Trigger("rank", f"another rank's {name} trigger", incident, step), True
+    def agree(policy: RecoveryPolicy, trigger: Trigger | None, unclean: bool, now: int) -> Decision:
+        sums = reduce(Tensor(local_vote(policy, trigger, unclean))).asnumpy()
+        return agree_from_sums(policy, trigger, [float(v) for v in sums], now)
 
     return agree
 
@@ -118,7 +147,7 @@ class RecoveryDriver:
         if logger.logged_step <= self._decided_through:
             return None
         self._decided_through = logger.logged_step
-        trigger, unclean = self._agree(self.policy.trigger, not self.policy.may_snapshot())
+        trigger, unclean = self._agree(self.policy, self.policy.trigger, not self.policy.may_snapshot(), step)
         if trigger is not None:
             return self.policy.plan(trigger)
         if due and not unclean:
