@@ -146,7 +146,7 @@ def test_loss_rise_names_where_the_rise_began_and_comes_back_with_the_snapshot()
     run(policy, [step(i, loss=2.5) for i in range(61, 64)], snap_every=False)
     trigger = policy.trigger
     assert trigger is not None and trigger.reason == "rule" and "median" in trigger.detail
-    assert trigger.incident_step == 58 and trigger.step == 62  # the first of the last 5 steps
+    assert trigger.incident_step == 61 and trigger.step == 62  # the first of the last 5 above 1.5x
     plan = policy.plan(trigger)
     assert plan.step == 50
     policy.rolled_back(plan)

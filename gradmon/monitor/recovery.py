@@ -294,8 +294,9 @@ class RecoveryPolicy:
 class LossRise:
     """A user rule for :class:`Recovery`: the mean loss of the last ``recent`` steps is above
     ``factor`` times the median loss of the ``window`` steps before them (after ``min_history`` of
-    those). Names the first of the ``recent`` steps as the incident's start. Non-finite losses are
-    left to the alarm rule."""
+    those). Names the first of the ``recent`` steps above that level as the incident's start (so a
+    rise right after a rollback does not reach back past the restored snapshot). Non-finite losses
+    are left to the alarm rule."""
 
     def __init__(self, factor: float = 1.5, recent: int = 10, window: int = 100,
                  min_history: int = 50) -> None:
@@ -318,9 +319,11 @@ class LossRise:
             return None
         median = statistics.median(self._base)
         mean = sum(v for _, v in self._recent) / len(self._recent)
-        if median > 0 and mean > self.factor * median:
+        level = self.factor * median
+        if median > 0 and mean > level:
+            first = next((s for s, v in self._recent if v > level), self._recent[0][0])
             return (f"loss {mean:.4g} over the last {self.recent} steps is {mean / median:.1f}x "
-                    f"its median {median:.4g}", self._recent[0][0])
+                    f"its median {median:.4g}", first)
         return None
 
 
