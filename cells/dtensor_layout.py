@@ -20,6 +20,12 @@ Where a gradient is still a partial sum cannot be read from the parameter: Hyper
 is seeded with ``1/repeat`` on every rank), while ``hsdp`` or a data-parallel all-reduce sums them.
 So a replicated mesh dim of more than one rank needs ``replicate_grads``: ``"partial"`` (gradmon sums
 the gradient over that dim before squaring) or ``"reduced"`` (already summed; counted once).
+
+``hyper_parallel.hsdp`` (MindSpore's FSDP in HyperParallel) marks the parameters it manages
+(``has_hsdp_param``) and its gradient hook sums their gradients over every mesh dim they are not
+sharded on, so those dims count as reduced. It slices a parameter on dim 0 without changing its
+placements (``hsdp_effective_shard_size`` > 1, the group on hsdp's own state): such parameters need
+``network=`` (the cell ``hsdp`` was applied to), where their sharded groups are read.
 """
 
 from __future__ import annotations
@@ -30,8 +36,8 @@ from typing import Any
 
 from .parallel import UnsupportedParallelError
 
-__all__ = ["PARTIAL", "REDUCED", "DTensorLayout", "MeshDim", "ParamNormPlan", "is_dtensor", "mesh_dims",
-           "placement_kind", "plan_parameter"]
+__all__ = ["PARTIAL", "REDUCED", "DTensorLayout", "MeshDim", "ParamNormPlan", "hsdp_params_of", "hsdp_sliced",
+           "is_dtensor", "mesh_dims", "placement_kind", "plan_parameter"]
 
 PARTIAL = "partial"  # the gradient on this mesh dim is a per-rank partial sum: sum it before squaring
 REDUCED = "reduced"  # already summed over this mesh dim (hsdp, a data-parallel all-reduce): count once
@@ -129,12 +135,19 @@ def _need_group(name: str, dim: MeshDim, why: str) -> str:
 
 
 def plan_parameter(name: str, placements: Sequence[Any] | None, dims: Sequence[MeshDim], ndim: int,
-                   replicate_grads: Mapping[str, str]) -> ParamNormPlan:
+                   replicate_grads: Mapping[str, str], hsdp: tuple[bool, str | None, int] = (False, None, 1),
+                   ) -> ParamNormPlan:
     """The plan of one parameter (pure: every input given).
 
     ``placements`` None: a plain parameter, replicated over every dim of ``dims``. ``ndim``: the
     parameter's number of dimensions. ``replicate_grads``: mesh dim name → ``"partial"``/``"reduced"``.
+    ``hsdp``: ``(managed, sharded_group, shards)`` when ``hyper_parallel.hsdp`` manages the parameter:
+    its gradient hook sums the gradient over every mesh dim the parameter is not sharded on (so those
+    count as reduced), and a parameter it sliced on dim 0 is also summed over its sharded group.
     """
+    managed, hsdp_group, hsdp_shards = hsdp
+    if managed:
+        replicate_grads = {d.name: REDUCED for d in dims}
     if placements is None:
         kinds = [("replicate", None)] * len(dims)
         shown = "plain"
@@ -179,6 +192,12 @@ def plan_parameter(name: str, placements: Sequence[Any] | None, dims: Sequence[M
             if state == PARTIAL:
                 reduce_before.append((_need_group(name, dim, "has a partial-sum gradient on"), "sum",
                                       dim.size))
+    if hsdp_shards > 1:
+        if hsdp_group is None:
+            raise UnsupportedParallelError(
+                f"parameter {name!r} is sliced by hyper_parallel.hsdp, whose state names no sharded group")
+        sum_over.append(hsdp_group)
+        shown += f"+hsdp({hsdp_shards})"
     return ParamNormPlan(name, shown, tuple(reduce_before), tuple(sum_over))
 
 
@@ -212,21 +231,25 @@ class DTensorLayout:
     replicate_grads: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def from_params(cls, params: Sequence[Any], *,
-                    replicate_grads: str | Mapping[str, str] | None = None) -> DTensorLayout:
+    def from_params(cls, params: Sequence[Any], *, replicate_grads: str | Mapping[str, str] | None = None,
+                    network: Any = None) -> DTensorLayout:
         """Read the layouts of ``params`` (in the order of their gradients).
 
         ``replicate_grads``: ``"partial"`` / ``"reduced"`` for every mesh dim, or a mapping per mesh dim
         name (``{"dp": "reduced", "tp": "partial"}``); needed when a parameter is replicated over a dim
         of more than one rank (see the module docstring). Parameters without placements are replicated
         over the mesh dims of the DTensor parameters (they must agree on each dim's group).
+        ``network``: the cell ``hyper_parallel.hsdp`` was applied to (or one holding it), needed when
+        hsdp sliced parameters on dim 0: their sharded groups are read from hsdp's state there.
         Raises :class:`UnsupportedParallelError` for what it cannot get right, saying what to do.
         """
         params = tuple(params)
         if not params:
             raise ValueError("DTensorLayout.from_params needs at least one parameter")
         names = [str(getattr(p, "name", f"#{i}")) for i, p in enumerate(params)]
-        refuse_hsdp_slices(params, names)
+        by_id = hsdp_params_of(network) if network is not None else {}
+        refuse_hsdp_slices([p for p in params if id(p) not in by_id],
+                           [n for n, p in zip(names, params) if id(p) not in by_id])
         meshes = [mesh_dims(p.device_mesh) if is_dtensor(p) else None for p in params]
         seen: dict[str, MeshDim] = {}
         for name, dims in zip(names, meshes):
@@ -240,7 +263,8 @@ class DTensorLayout:
         states = _grad_states(replicate_grads, seen)
         world = tuple(seen.values())  # a plain parameter is replicated over every dim
         plans = tuple(plan_parameter(name, p.placements if dims is not None else None,
-                                     dims if dims is not None else world, _ndim(p), states)
+                                     dims if dims is not None else world, _ndim(p), states,
+                                     _hsdp_state(p, by_id.get(id(p))))
                       for name, p, dims in zip(names, params, meshes))
         return cls(plans, world, tuple(sorted(states.items())))
 
@@ -294,6 +318,31 @@ def hsdp_sliced(param: Any) -> int:
     return size if isinstance(size, int) and size > 1 else 1
 
 
+def hsdp_params_of(network: Any) -> dict[int, Any]:
+    """``id(parameter) -> hsdp's per-parameter state`` for every cell in ``network`` that
+    ``hyper_parallel.hsdp`` was applied to (``cell.hsdp_scheduler.hsdp_state.hsdp_params``)."""
+    walk = getattr(network, "cells_and_names", None)
+    cells = walk() if callable(walk) else [("", network)]
+    found: dict[int, Any] = {}
+    for _, cell in cells:
+        state = getattr(getattr(cell, "hsdp_scheduler", None), "hsdp_state", None)
+        for hsdp_param in getattr(state, "hsdp_params", ()) or ():
+            found[id(hsdp_param.param)] = hsdp_param
+    if not found:
+        raise UnsupportedParallelError(
+            f"network={type(network).__name__} holds no cell that hyper_parallel.hsdp was applied to "
+            "(no hsdp_scheduler.hsdp_state.hsdp_params): pass the cell given to hsdp(), or one holding it")
+    return found
+
+
+def _hsdp_state(param: Any, hsdp_param: Any) -> tuple[bool, str | None, int]:
+    if hsdp_param is None:
+        return bool(getattr(param, "has_hsdp_param", False)), None, 1
+    shards = int(getattr(hsdp_param, "shard_size", 1)) if getattr(hsdp_param, "sharded", False) else 1
+    group = getattr(getattr(hsdp_param, "sharded_group_info", None), "group_name", None)
+    return True, group, shards
+
+
 def refuse_hsdp_slices(params: Sequence[Any], names: Sequence[str]) -> None:
     """Refuse parameters that ``hyper_parallel.hsdp`` sliced on dim 0 without recording it in placements."""
     sliced = [f"{n} ({hsdp_sliced(p)} shards)" for n, p in zip(names, params) if hsdp_sliced(p) > 1]
@@ -301,5 +350,4 @@ def refuse_hsdp_slices(params: Sequence[Any], names: Sequence[str]) -> None:
         raise UnsupportedParallelError(
             f"parameters sliced on dim 0 by hyper_parallel.hsdp ({', '.join(sliced[:3])}) hold a 1/N slice "
             "whose group is recorded on hsdp's own state, not in their placements, so their norm would be "
-            "this rank's part: compute it over hsdp's sharded group yourself, or shard with placements "
-            "that name the mesh dim (Shard(0) on it) and pass DTensorLayout.from_params(params)")
+            "this rank's part: pass network=<the cell hsdp() was applied to> to DTensorLayout.from_params")

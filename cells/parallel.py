@@ -96,7 +96,8 @@ def check_parallel(mode: str, *, pipeline_stages: int, sharded: Sequence[bool],
         raise UnsupportedParallelError(
             f"parameters sliced on dim 0 by hyper_parallel.hsdp ({', '.join(hsdp_sliced[:3])}) hold a 1/N "
             "slice whose group their placements do not record: MonitoredTrainStep does not compute their "
-            "norm; shard them with placements (Shard(0) on a mesh dim) and " + DTENSOR_FUNCTIONAL)
+            "norm; " + DTENSOR_FUNCTIONAL + " (with network=<the cell hsdp() was applied to>, where hsdp "
+            "keeps the groups)")
     if mode not in SUPPORTED_MODES:
         raise UnsupportedParallelError(
             f"gradmon cannot compute a correct global gradient norm in parallel_mode={mode!r}: the layout "

@@ -88,3 +88,26 @@ def dtensor_param(value: Any, name: str, placements: Sequence[Any] | None, mesh:
         param.placements = tuple(placements)
         param.device_mesh = mesh
     return param
+
+
+class HsdpCell:
+    """A cell as ``hyper_parallel.hsdp`` leaves it, for what gradmon reads:
+    ``hsdp_scheduler.hsdp_state.hsdp_params``, each with ``param``, ``sharded``, ``shard_size`` and
+    ``sharded_group_info.group_name``. ``slices`` maps a parameter name to ``(shards, group)`` for the
+    parameters hsdp sliced on dim 0; the parameters are marked as hsdp marks them."""
+
+    def __init__(self, params: Sequence[Any], slices: dict[str, tuple[int, str]]) -> None:
+        from types import SimpleNamespace
+
+        hsdp_params = []
+        for param in params:
+            shards, group = slices.get(param.name, (1, None))
+            param.has_hsdp_param = True
+            if shards > 1:
+                param.hsdp_effective_shard_size = shards
+            hsdp_params.append(SimpleNamespace(param=param, sharded=shards > 1, shard_size=shards,
+                                               sharded_group_info=SimpleNamespace(group_name=group)))
+        self.hsdp_scheduler = SimpleNamespace(hsdp_state=SimpleNamespace(hsdp_params=hsdp_params))
+
+    def cells_and_names(self):
+        yield "", self

@@ -16,6 +16,8 @@ and real collectives (``ops.AllReduce`` over groups made with ``create_group``):
   (the gathered weights) on its half of the batch; the gradients are summed over the ranks, scaled
   by ``GRAD_SCALE`` (0.5, hsdp's ``grad_scale``; without it they are summed) and each rank keeps its
   dim-0 shard (a reduce-scatter, done as all-reduce + slice).
+- ``hsdp``: the same gradients, the parameters plain as ``hyper_parallel.hsdp`` leaves them (sliced on
+  dim 0, ``hsdp_effective_shard_size``), the group read from a stand-in hsdp cell (``network=``).
 
 The reference is the same model unsharded in torch float64 on the whole batch. Writes
 ``OUT.rank<N>.json``. Usage: ``msrun --worker_num=2 --local_worker_num=2 ... tests/dtensor_train.py OUT``.
@@ -36,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gradmon.cells import DTensorLayout, clip_by_global_norm, global_norm
 
-from tests.dtensor_standins import Mesh, Replicate, Shard, dtensor_param
+from tests.dtensor_standins import HsdpCell, Mesh, Replicate, Shard, dtensor_param
 
 D_IN, D_HID, D_WIDE, CLASSES, BATCH = 16, 16, 32, 10, 8
 MAX_NORM = 5.0
@@ -132,14 +134,23 @@ def tp_layout(rank: int, world: int) -> tuple[list[Parameter], MLP]:
     return params, MLP(dict(zip(NAMES, params)), SumOverShards("tp"), 1.0 / world)
 
 
-def fsdp_grads(rank: int, world: int, x: np.ndarray, y: np.ndarray) -> tuple[list[Parameter], tuple]:
-    """The dim-0-sharded parameters and their gradient shards for one batch."""
+def fsdp_layouts(rank: int, world: int) -> dict[str, tuple[list[Parameter], DTensorLayout]]:
+    """The dim-0-sharded parameters: with Shard(0) placements (``fsdp``), and plain as
+    ``hyper_parallel.hsdp`` leaves them (``hsdp``: sliced, the group on hsdp's state)."""
     full = full_weights()
     mesh = Mesh((world,), ("dp",), ["dp"])
-    params = []
-    for k in NAMES:
-        rows = full[k].shape[0] // world
-        params.append(dtensor_param(full[k][rank * rows:(rank + 1) * rows], k, (Shard(0),), mesh))
+    shards = {k: full[k][rank * (full[k].shape[0] // world):(rank + 1) * (full[k].shape[0] // world)]
+              for k in NAMES}
+    fsdp = [dtensor_param(shards[k], k, (Shard(0),), mesh) for k in NAMES]
+    hsdp = [dtensor_param(shards[k], k, None, None) for k in NAMES]
+    cell = HsdpCell(hsdp, dict.fromkeys(NAMES, (world, "dp")))
+    return {"fsdp": (fsdp, DTensorLayout.from_params(fsdp)),
+            "hsdp": (hsdp, DTensorLayout.from_params(hsdp, network=cell))}
+
+
+def fsdp_grads(rank: int, world: int, x: np.ndarray, y: np.ndarray) -> tuple:
+    """This rank's gradient shards for one batch (summed over the ranks, scaled by GRAD_SCALE)."""
+    full = full_weights()
     gathered = {k: Parameter(Tensor(full[k]), name=f"full_{k}") for k in NAMES}  # what FSDP all-gathers
     net = MLP(gathered, nn.Identity(), 1.0)
     half = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
@@ -151,7 +162,7 @@ def fsdp_grads(rank: int, world: int, x: np.ndarray, y: np.ndarray) -> tuple[lis
         summed = reduce(g) * GRAD_SCALE
         rows = summed.shape[0] // world
         shards.append(summed[rank * rows:(rank + 1) * rows])
-    return params, tuple(shards)
+    return tuple(shards)
 
 
 def measure(params: list[Parameter], grads: tuple, layout: DTensorLayout) -> dict:
@@ -179,7 +190,7 @@ def main() -> None:
     create_group("tp", list(range(world)))
     create_group("dp", list(range(world)))
     result: dict = {"rank": rank, "world": world, "reference": reference_norms(),
-                    "unsharded_f32": unsharded_norms(), "tp": [], "fsdp": []}
+                    "unsharded_f32": unsharded_norms(), "tp": []}
 
     params, net = tp_layout(rank, world)
     tp = DTensorLayout.from_params(params, replicate_grads="partial")
@@ -187,14 +198,17 @@ def main() -> None:
     for x, y in batches():
         grads = ms.grad(net, grad_position=None, weights=params)(Tensor(x), Tensor(y))
         result["tp"].append(measure(params, grads, tp))
+    layouts = fsdp_layouts(rank, world)
+    for kind, (_, layout) in layouts.items():
+        result[f"{kind}_config"] = layout.as_config()
+        result[kind] = []
     for x, y in batches():
-        params, grads = fsdp_grads(rank, world, x, y)
-        fsdp = DTensorLayout.from_params(params)
-        result["fsdp_config"] = fsdp.as_config()
-        result["fsdp"].append(measure(params, grads, fsdp))
+        grads = fsdp_grads(rank, world, x, y)
+        for kind, (params, layout) in layouts.items():
+            result[kind].append(measure(params, grads, layout))
     with open(f"{args.out}.rank{rank}.json", "w", encoding="utf-8") as fh:
         json.dump(result, fh)
-    for kind in ("tp", "fsdp"):
+    for kind in ("tp", "fsdp", "hsdp"):
         for step, (ref, got) in enumerate(zip(result["reference"], result[kind])):
             print(f"rank {rank} {kind} step {step}: reference {ref:.6f} dtensor {got['norm']:.6f} "
                   f"jit {got['norm_jit']:.6f} per-rank (no layout) {got['naive']:.6f}", flush=True)

@@ -27,7 +27,7 @@ from gradmon.cells.dtensor_layout import (
 from gradmon.cells.parallel import UnsupportedParallelError, check_parallel
 from mindspore import Parameter, Tensor, nn, ops
 
-from tests.dtensor_standins import Mesh, Partial, Replicate, Shard, dtensor_param
+from tests.dtensor_standins import HsdpCell, Mesh, Partial, Replicate, Shard, dtensor_param
 from tests.msrun_util import ROOT, run_msrun
 
 TP = (MeshDim("tp", 2, "g_tp"),)
@@ -91,6 +91,23 @@ def test_layout_buckets_config_and_plain_parameters():
     assert not DTensorLayout.from_params(params, replicate_grads="reduced").plans[0].reduce_before
     # No DTensor parameter: nothing to reduce, the plain norm.
     assert not DTensorLayout.from_params([stand_in("w", (2,), None, None)]).communicates
+
+
+def test_hsdp_slices_are_read_from_the_hsdp_cell():
+    """hsdp's hook sums over every dim a parameter is not sharded on; its dim-0 slices add its group."""
+    mesh = Mesh((2,), ("tp",), ["g_tp"])
+    params = [stand_in("w_col", (2, 4), (Shard(1),), mesh), stand_in("b_out", (3,), (Replicate(),), mesh),
+              stand_in("w_out", (4, 3), None, None)]
+    cell = HsdpCell(params, {"w_col": (2, "hsdp_g"), "w_out": (4, "hsdp_w")})
+    layout = DTensorLayout.from_params(params, network=cell)  # no replicate_grads needed: hsdp reduced them
+    assert layout.plans == (ParamNormPlan("w_col", "(S(1))+hsdp(2)", (), ("g_tp", "hsdp_g")),
+                            ParamNormPlan("b_out", "(R)"),
+                            ParamNormPlan("w_out", "plain+hsdp(4)", (), ("hsdp_w",)))
+    # Marked by hsdp but not sliced: replicated dims are reduced even without network=.
+    assert DTensorLayout.from_params(params[1:2]).plans == (ParamNormPlan("b_out", "(R)"),)
+    message = r"network=object holds no cell that hyper_parallel.hsdp was applied to \(no hsdp_scheduler"
+    with pytest.raises(UnsupportedParallelError, match=message):
+        DTensorLayout.from_params(params, network=object())
 
 
 # ------------------------------------------------------------- the rules give the whole norm (simulated)
@@ -212,7 +229,8 @@ REFUSED = [
     ("hsdp_sliced", [SimpleNamespace(name="w", shape=(2, 4), placements=None, device_mesh=None,
                                      hsdp_effective_shard_size=2)], None,
      "parameters sliced on dim 0 by hyper_parallel.hsdp (w (2 shards)) hold a 1/N slice whose group is "
-     "recorded on hsdp's own state, not in their placements"),
+     "recorded on hsdp's own state, not in their placements, so their norm would be this rank's part: pass "
+     "network=<the cell hsdp() was applied to> to DTensorLayout.from_params"),
 ]
 
 
@@ -346,7 +364,7 @@ def test_dtensor_norms_equal_the_unsharded_reference_on_every_rank(tmp_path):
     assert ranks[1]["reference"] == reference
     np.testing.assert_allclose(ranks[0]["unsharded_f32"], reference, rtol=1e-6)
     assert reference[2] > 5.0 > max(reference[:2])  # the clip engages on the third batch only
-    for kind in ("tp", "fsdp"):
+    for kind in ("tp", "fsdp", "hsdp"):
         for rank, run in enumerate(r[kind] for r in ranks):
             for step, (ref, got) in enumerate(zip(reference, run)):
                 print(f"{kind} rank {rank} step {step}: reference {ref:.6f} dtensor {got['norm']:.6f} "
@@ -361,3 +379,4 @@ def test_dtensor_norms_equal_the_unsharded_reference_on_every_rank(tmp_path):
         "norm_all_reduces": 2}
     assert ranks[0]["fsdp_config"]["placements"] == {"(S(0))": 8}
     assert ranks[0]["fsdp_config"]["norm_all_reduces"] == 1
+    assert ranks[0]["hsdp_config"]["placements"] == {"plain+hsdp(2)": 8}
