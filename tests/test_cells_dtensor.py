@@ -360,7 +360,7 @@ def test_dtensor_norms_equal_the_unsharded_reference_on_every_rank(tmp_path):
     run_msrun(ROOT / "tests" / "dtensor_train.py", [str(tmp_path / "dt")], tmp_path, timeout=600)
     ranks = [json.loads((tmp_path / f"dt.rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2]
-    reference = ranks[0]["reference"]  # torch float64, the unsharded model on the whole batch
+    reference = ranks[0]["reference"]  # float64 numpy, the unsharded model on the whole batch
     assert ranks[1]["reference"] == reference
     np.testing.assert_allclose(ranks[0]["unsharded_f32"], reference, rtol=1e-6)
     assert reference[2] > 5.0 > max(reference[:2])  # the clip engages on the third batch only
