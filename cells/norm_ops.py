@@ -19,7 +19,7 @@ from typing import Any
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from .dtensor_layout import DTensorLayout
+from .dtensor_layout import DTensorLayout, is_dtensor
 from .dtensor_norm import dtensor_square_sum, local_tensors
 from .norm_plan import plan_groups
 from .norm_strategies import (
@@ -70,13 +70,17 @@ def _check_shard_args(count: int, shard_group: Any, sharded: Any) -> None:
         raise ValueError(f"shard_group={shard_group!r} is given but sharded marks no tensor")
 
 
-def _layout_for(count: int, layout: DTensorLayout | None, params: Sequence[Any] | None,
+def _layout_for(grads: Any, layout: DTensorLayout | None, params: Sequence[Any] | None,
                 shard_group: Any) -> DTensorLayout | None:
+    count = len(grads)
     if params is not None:
         if layout is not None:
             raise ValueError("pass layout= or params=, not both (params= builds the layout each call)")
         layout = DTensorLayout.from_params(params)
     if layout is None:
+        if shard_group is None and any(is_dtensor(g) for g in grads):
+            # DTensor gradients carry their own layout: never a silent per-rank norm.
+            return DTensorLayout.from_params(grads)
         return None
     if not isinstance(layout, DTensorLayout):
         raise TypeError(f"layout must be a DTensorLayout (DTensorLayout.from_params(params)), got "
@@ -111,11 +115,12 @@ def global_norm(grads: Any, shard_group: str | None = None, sharded: Sequence[bo
     ``DTensorLayout.from_params(params, replicate_grads=...)``). Each gradient's local sum of squares is
     then all-reduced over the mesh groups of the dims it is sharded on, partial sums are summed before
     squaring, and every rank gets the norm of the whole gradients (:mod:`gradmon.cells.dtensor_norm`).
-    DTensor gradients are read through their local tensors.
+    DTensor gradients are read through their local tensors; given without ``layout``/``params``,
+    their own placements are the layout.
     """
     if len(grads) == 0:
         raise ValueError("global_norm needs at least one tensor")
-    layout = _layout_for(len(grads), layout, params, shard_group)
+    layout = _layout_for(grads, layout, params, shard_group)
     if layout is not None:
         return ops.sqrt(dtensor_square_sum(local_tensors(grads), layout))
     _check_shard_args(len(grads), shard_group, sharded)

@@ -301,6 +301,11 @@ def test_functional_form_eager_jit_and_dtensor_gradients():
 
     wrapped = (GradDTensor(grads[0]), grads[1])
     assert float(global_norm(wrapped, layout=layout).asnumpy()) == pytest.approx(want, rel=1e-6)
+    # Without a layout, DTensor gradients are planned from their own placements, never squared as is.
+    assert float(global_norm(wrapped).asnumpy()) == pytest.approx(want, rel=1e-6)
+    GradDTensor.placements, GradDTensor.device_mesh = (Replicate(),), Mesh((2,), ("tp",), ["g"])
+    with pytest.raises(UnsupportedParallelError, match=r"is replicated \(R\) on mesh dim 'tp'"):
+        global_norm(wrapped)
 
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("hyper_parallel"),
