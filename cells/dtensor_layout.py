@@ -169,7 +169,7 @@ def plan_parameter(name: str, placements: Sequence[Any] | None, dims: Sequence[M
         if dim.size == 1:
             continue  # one rank along this dim: its local part is the whole
         if kind == "shard":
-            if not 0 <= arg < max(ndim, 1) and not -ndim <= arg < 0:
+            if not -ndim <= arg < ndim:
                 raise UnsupportedParallelError(
                     f"parameter {name!r} is Shard({arg}) on mesh dim {dim.name!r} but has {ndim} dims")
             sum_over.append(_need_group(name, dim, "is sharded on"))
