@@ -105,6 +105,7 @@ def test_divergence_is_rolled_back_under_model_train_and_reads_back(tmp_path):
     assert first[-1]["type"] == "end" and first[-1]["status"] == "rolled_back" and first[-1]["steps"] == 25
     header = second[0]
     assert (header["initial_step"], header["initial_step_from"]) == (20, "rollback")
+    assert first[0]["recovery"] == header["recovery"] and header["recovery"]["every"] == 10
     rollback = second[1]
     assert rollback["kind"] == "rollback" and rollback["step"] == rollback["restored_step"] == 20
     assert (rollback["from_step"], rollback["incident_step"], rollback["reason"], rollback["detail"]) == (
