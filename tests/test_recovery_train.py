@@ -165,3 +165,11 @@ def test_recovery_settings_are_checked(tmp_path):
     with pytest.raises(ValueError, match="recovery needs the step cell"):
         monitor.log(1, loss=1.0)
     ms.set_context(mode=ms.GRAPH_MODE)
+
+
+def test_dataset_sink_mode_on_cpu_rolls_back_as_without(tmp_path):
+    # CPU cannot sink: MindSpore still calls back after every step, so recovery acts per step.
+    net, cell = undefended_cell()
+    monitor = LiveMonitor(tmp_path / "metrics.jsonl", recovery={"every": 10, "skip_batches": 2})
+    Model(cell).train(1, dataset(40, bad=[25]), callbacks=[monitor], dataset_sink_mode=True, sink_size=40)
+    assert finite(net) and monitor.rollbacks == 1 and monitor.step == 33
