@@ -9,7 +9,7 @@ import math
 import mindspore as ms
 import numpy as np
 import pytest
-from gradmon.cells import MonitoredTrainStep
+from gradmon.cells import MonitoredTrainStep, MonitoredTrainStepWithLossScale
 from mindspore import Tensor, nn
 from mindspore import dataset as ds
 from mindspore.train import Model
@@ -56,12 +56,18 @@ def state(cell) -> dict[str, np.ndarray]:
     return {n: p.asnumpy().copy() for n, p in cell.parameters_and_names()}
 
 
-def test_a_restored_snapshot_is_bit_identical_and_replays_the_same_steps():
+@pytest.mark.parametrize("loss_scale", [False, True])
+def test_a_restored_snapshot_is_bit_identical_and_replays_the_same_steps(loss_scale):
     # Clipping with a skip possible: the optimizer runs inside a switch branch, the case where
-    # set_data (a new buffer) would be ignored by the compiled update.
+    # set_data (a new buffer) would be ignored by the compiled update. With a dynamic loss scale
+    # (scale_window=2: it moves every other step) the scale and its update cell's counters come back too.
     net = mlp()
-    cell = MonitoredTrainStep(with_loss(net), nn.Adam(net.trainable_params(), 1e-2), max_norm=0.5,
-                              spike_mode="clip", history_size=8)
+    opt = nn.Adam(net.trainable_params(), 1e-2)
+    if loss_scale:
+        manager = nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0**10, scale_factor=2, scale_window=2)
+        cell = MonitoredTrainStepWithLossScale(with_loss(net), opt, manager, max_norm=0.5, history_size=8)
+    else:
+        cell = MonitoredTrainStep(with_loss(net), opt, max_norm=0.5, spike_mode="clip", history_size=8)
     x, y = stream(8)
     batch = [(Tensor(x[i * BATCH:(i + 1) * BATCH]), Tensor(y[i * BATCH:(i + 1) * BATCH])) for i in range(8)]
     for b in batch[:2]:
@@ -70,8 +76,12 @@ def test_a_restored_snapshot_is_bit_identical_and_replays_the_same_steps():
     saved = state(cell)
     assert snap.step == 2 and set(snap.arrays) == set(saved)
     assert any(n.startswith("optimizer.moment") for n in saved) and "counts" in saved
+    if loss_scale:
+        assert "scale_sense" in saved and any(n.startswith("loss_scaling_manager.") for n in saved)
     losses = [cell(*b)[0].asnumpy() for b in batch[2:5]]
     after = state(cell)
+    if loss_scale:  # the scale moved after the snapshot: the restore has something to undo
+        assert not np.array_equal(after["scale_sense"], saved["scale_sense"])
     for b in batch[5:]:
         cell(*b)
     for _ in range(2):  # a snapshot can be restored again: restoring never hands it to training
