@@ -21,6 +21,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ._compat import check_train_cell_layout, require_supported
+from .forensics import setup_forensics
 from .history import COUNTER_NAMES, history_fields
 from .host_read import HostReadMixin
 from .layouts import StepOutputs, backward_seed, split_network_outputs
@@ -108,6 +109,8 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
         self.local_norm = options.local_norm
         self.layer_stats = layer_stats
         self.loss_scale = loss_scale
+        self.forensics_on = options.forensics > 0
+        self.forensics_ids = options.forensics_ids > 0
         # Compile-time switches read by construct (plain Python values are constants in GRAPH mode).
         self.has_max_norm = max_norm is not None
         self.spike_on = spike.enabled
@@ -141,8 +144,10 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
         self.parallel_setup = read_parallel_setup(self.network, tuple(self.weights), options.shard_group,
                                                   options.norm_strategy)
         self.grad_norm = GlobalNorm.build(self.weights, self.parallel_setup, options.norm_strategy,
-                                          per_tensor=layer_stats, scaled=loss_scale)
-        if self.local_norm:
+                                          per_tensor=layer_stats or self.forensics_on, scaled=loss_scale)
+        # Forensics under data parallel needs each rank's own norm (cells/forensics.py).
+        self.forensics_ranks = setup_forensics(self, options)
+        if self.local_norm or self.forensics_ranks:
             self.local_grad_norm = GlobalNorm.build(self.weights, self.parallel_setup, options.norm_strategy,
                                                     per_tensor=False, scaled=loss_scale, local=True)
 
@@ -164,6 +169,9 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
 
     # ------------------------------------------------------------------------------- construct
     def construct(self, *inputs):
+        if self.forensics_ids:  # the last input is the batch's sample ids: kept, not the network's
+            self.forensics_id_ring(inputs[-1])
+            inputs = inputs[:-1]
         outputs = self._forward(*inputs)
         loss, extra = split_network_outputs(outputs)
         lr = self._step_learning_rate()  # before the optimizer advances its global_step
@@ -189,7 +197,7 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
         Returns ``(loss, grad_norm, grads)``: ``grads`` after the data-parallel reduction, before clipping.
         """
         local = self._zero
-        if self.local_norm:
+        if self.local_norm or self.forensics_ranks:
             local, _ = self.local_grad_norm(grads, inv_scale)
         grads = self.grad_reducer(grads)
         if self.use_graceful_exit:
@@ -201,6 +209,8 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
         norm, layer_sq = self.grad_norm(grads, inv_scale)
         if self.layer_stats:
             ops.assign(self.layer_sq, layer_sq)
+        if self.forensics_on:  # this step's per-layer sums, from the same pass (and each rank's norm)
+            self.forensics_ring(layer_sq, local)
         finite = ops.isfinite(norm)
 
         zscore = self._zero

@@ -100,6 +100,10 @@ class LiveMonitor(Callback):
             segment, named in the header (``alarm_rule``). False: readers judge the log.
         alarm_config: the rule's thresholds: an :class:`gradmon.logformat.alarms.AlarmConfig` or a dict of
             some of its fields, e.g. ``{"quiet_steps": 20}`` (default: ``AlarmConfig()``).
+        sample_ids: ``sample_ids(step) -> ids`` names the samples of a training step (a list of
+            ids, or one list per data-parallel rank), for the ``forensics`` of an ``alarm`` event at
+            that step; asked only when an alarm opens. Not needed when the step cell keeps the ids
+            itself (``MonitoredTrainStep(forensics=K, forensics_ids=B)`` with an index column).
 
     Hand-written loops: see the module docstring (``log``, ``attach`` + ``after_step``, ``close``).
     """
@@ -123,12 +127,13 @@ class LiveMonitor(Callback):
         retry_initial: float = 1.0,
         alarms: bool = True,
         alarm_config: AlarmConfig | Mapping[str, Any] | None = None,
+        sample_ids: Callable[[int], Any] | None = None,
     ) -> None:
         super().__init__()
         self.settings = MonitorSettings(
             log_file_path(log_file), log_interval, config or {}, batch_size, per_rank, system_metrics,
             system_interval, abort_after, abort_checkpoint, layer_stats_every, layer_top_k, initial_step,
-            on_event, retry_initial, alarms=alarms, alarm_config=alarm_config,
+            on_event, retry_initial, alarms=alarms, alarm_config=alarm_config, sample_ids=sample_ids,
         )
         self._cell: Any = None
         self._optimizer: Any = None

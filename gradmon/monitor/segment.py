@@ -73,6 +73,7 @@ class MonitorSettings:
     retry_initial: float = 1.0
     alarms: bool = True
     alarm_config: AlarmConfig | Mapping[str, Any] | None = None  # normalised: None iff not alarms
+    sample_ids: Callable[[int], Any] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -84,6 +85,9 @@ class MonitorSettings:
             raise ValueError(f"initial_step must be >= 0 or None, got {self.initial_step}")
         if self.on_event is not None and not callable(self.on_event):
             raise TypeError(f"on_event must be callable, got {type(self.on_event).__name__}")
+        if self.sample_ids is not None and not callable(self.sample_ids):
+            raise TypeError("sample_ids must be callable (step -> ids), "
+                            f"got {type(self.sample_ids).__name__}")
         for name in ("log_interval", "layer_stats_every", "layer_top_k"):
             set_(self, name, int(getattr(self, name)))
         for name in ("abort_after", "initial_step"):
@@ -150,6 +154,7 @@ class Segment:
             save_checkpoint=self._save_abort_checkpoint if saves else None, on_stop=on_stop,
             layer_stats_every=settings.layer_stats_every, layer_top_k=settings.layer_top_k,
             alarm_rule=AlarmRule(config) if isinstance(config, AlarmConfig) and self.writers else None,
+            sample_ids=settings.sample_ids,
         )
         self.bind(cell, optimizer)
         self._sampler: Any = None

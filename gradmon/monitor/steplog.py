@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Protocol
 
 from gradmon.logformat.alarms import AlarmRule
+from gradmon.monitor.forensics import attach_forensics
 from gradmon.monitor.outputs import parse_step_outputs
 from gradmon.monitor.records import (
     DYNAMIC_MIN_LOSS_SCALE,
@@ -69,6 +70,9 @@ class StepLogger:
         layer_stats_every, layer_top_k: a ``layers`` record every N steps from ``cell.gradmon_layer_stats``.
         alarm_rule: judges every step record written and every ``abort``; its ``alarm`` /
             ``alarm_end`` events are written too (None: no alarms). :meth:`finish` ends it.
+        sample_ids: ``sample_ids(step) -> ids`` (a list, or lists by rank) of the samples the step
+            trained on, asked when an alarm opens at ``step``, for its ``forensics`` (when the step
+            cell keeps none of its own: ``forensics_ids``).
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class StepLogger:
         layer_stats_every: int = 0,
         layer_top_k: int = 10,
         alarm_rule: AlarmRule | None = None,
+        sample_ids: Callable[[int], Any] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.sinks = list(sinks)
@@ -106,6 +111,8 @@ class StepLogger:
         self.layer_stats_every = int(layer_stats_every)
         self.layer_top_k = int(layer_top_k)
         self.alarm_rule = alarm_rule
+        self.sample_ids = sample_ids
+        self._forensics_failed = False
         self._clock = clock
         self._bad = BadStepCounter(abort_after)
         self.aborted = False
@@ -244,7 +251,20 @@ class StepLogger:
         """Write the alarm rule's events for ``record`` (a step record or an ``abort``)."""
         if self.alarm_rule is not None and self.sinks:
             for event in self.alarm_rule.update(record):
+                if event.get("kind") == "alarm":
+                    self._attach_forensics(event)
                 self.emit(event)
+
+    def _attach_forensics(self, event: dict[str, Any]) -> None:
+        """Add what the step cell's forensics rings (and the ``sample_ids`` hook) hold for the
+        alarm's step to the event: ``forensics`` (docs/format.md). Read only here, once per incident."""
+        step = event.get("step")
+        read = getattr(self.cell, "gradmon_forensics", None)
+        if not isinstance(step, int) or (not callable(read) and self.sample_ids is None):
+            return
+        attach_forensics(event, step, self.step, read if callable(read) else None, self.sample_ids,
+                         warn=not self._forensics_failed)
+        self._forensics_failed = self._forensics_failed or "error" in event.get("forensics", {})
 
     def finish(self) -> None:
         """The segment ends: write the ``alarm_end`` of the open incident, if any (before ``end``)."""
