@@ -91,8 +91,8 @@ def forensics_columns(names: Sequence[str],
             return order, [index[k] for k in keys]
     per = math.ceil(len(names) / max_columns)
     groups = [i // per for i in range(len(names))]
-    columns = [f"{names[g * per]}..{names[min(len(names), (g + 1) * per) - 1]}"
-               for g in range(groups[-1] + 1)]
+    runs = [(g * per, min(len(names), (g + 1) * per) - 1) for g in range(groups[-1] + 1)]
+    columns = [names[a] if a == b else f"{names[a]}..{names[b]}" for a, b in runs]
     return columns, groups
 
 
