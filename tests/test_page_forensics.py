@@ -34,14 +34,14 @@ def _log(path: Path) -> None:
     records = [header()] + [step(s) for s in range(1, 24)]
     records += [step(24, grad_norm=2415.8), {
         "type": "event", "kind": "alarm", "step": 24, "ts": T0 + 2.4, "reason": "grad_norm_spike",
-        "field": "grad_norm", "value": 2415.8, "baseline": 0.41, "message": "gradient norm 2416 is 5895x its running median",
-        "forensics": FORENSICS}]
+        "field": "grad_norm", "value": 2415.8, "baseline": 0.41,
+        "message": "gradient norm 2416 is 5895x its running median", "forensics": FORENSICS}]
     records += [step(s) for s in range(25, 90)]
     records += [{"type": "event", "kind": "alarm_end", "step": 24, "ts": T0 + 7.5, "start": 24, "flagged": 1,
                  "message": "closed"}]
     records += [step(90, loss="NaN", nonfinite=True),
-                {"type": "event", "kind": "alarm", "step": 90, "ts": T0 + 9, "reason": "nonfinite", "field": "loss",
-                 "value": "NaN", "message": "non-finite loss"}]
+                {"type": "event", "kind": "alarm", "step": 90, "ts": T0 + 9, "reason": "nonfinite",
+                 "field": "loss", "value": "NaN", "message": "non-finite loss"}]
     append(path, records)
 
 
@@ -73,7 +73,8 @@ def test_alarm_detail_shows_layers_ranks_and_samples_beside_the_charts_at_any_zo
         rows = detail.locator(".bar-row")
         assert rows.count() == 6
         assert rows.first.get_attribute("data-name") == "body.0.weight"
-        widths = page.eval("Array.from(document.querySelectorAll('#alarm-detail .bar')).map(b => parseFloat(b.style.width))")
+        widths = page.eval("Array.from(document.querySelectorAll('#alarm-detail .bar'))"
+                           ".map(b => parseFloat(b.style.width))")
         assert widths[0] == 100.0 and widths[1] == pytest.approx(100 * 1010.397 / 2121.448, abs=0.06)
         assert "2121.4" in rows.first.inner_text()
         # Ranks: a strip, rank 1 marked.

@@ -12,6 +12,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Callable
 
+from gradmon.logformat.schema import FORENSICS_FIELD
+
 _log = logging.getLogger("gradmon.monitor.callback")
 
 __all__ = ["attach_forensics", "sample_id_lists"]
@@ -57,4 +59,4 @@ def attach_forensics(event: dict[str, Any], step: int, last_step: int,
                          type(exc).__name__, exc)
         out["error"] = f"{type(exc).__name__}: {exc}"
     if out:
-        event["forensics"] = {"step": int(step), **out}
+        event[FORENSICS_FIELD] = {"step": int(step), **out}

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Protocol
 
 from gradmon.logformat.alarms import AlarmRule
+from gradmon.logformat.schema import FORENSICS_FIELD
 from gradmon.monitor.forensics import attach_forensics
 from gradmon.monitor.outputs import parse_step_outputs
 from gradmon.monitor.records import (
@@ -264,7 +265,7 @@ class StepLogger:
             return
         attach_forensics(event, step, self.step, read if callable(read) else None, self.sample_ids,
                          warn=not self._forensics_failed)
-        self._forensics_failed = self._forensics_failed or "error" in event.get("forensics", {})
+        self._forensics_failed = self._forensics_failed or "error" in event.get(FORENSICS_FIELD, {})
 
     def finish(self) -> None:
         """The segment ends: write the ``alarm_end`` of the open incident, if any (before ``end``)."""

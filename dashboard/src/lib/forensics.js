@@ -9,13 +9,12 @@
  */
 (function (root, factory) {
   "use strict";
-  const api = factory();
-  if (typeof module !== "undefined" && module.exports) module.exports = api;
-  else Object.assign((root.GradmonLib = root.GradmonLib || {}), api);
-})(typeof self !== "undefined" ? self : this, function () {
+  if (typeof module !== "undefined" && module.exports) module.exports = factory(require("./schema.js"));
+  else Object.assign((root.GradmonLib = root.GradmonLib || {}), factory(root.GradmonLib));
+})(typeof self !== "undefined" ? self : this, function (lib) {
   "use strict";
 
-  const FORENSICS_FIELD = "forensics";
+  const FORENSICS_FIELD = lib.SCHEMA.FORENSICS_FIELD;
   const MAX_IDS_SHOWN = 64; // ids written out per rank; the rest are counted
 
   function isNumber(v) {
