@@ -33,105 +33,117 @@ from .layer_stats import TOP_LAYERS, forensics_columns, forensics_fields, ring_s
 
 
 # --------------------------------------------------------------------------------------- device
-class ForensicsRing(nn.Cell):
-    """The per-layer (and per-rank) ring: ``construct(per_tensor_sq, local_norm)`` writes one step.
+class StepRing(nn.Cell):
+    """``size`` rows of ``width`` values and a write counter: ``construct(row)`` writes the row of
+    the next step (row ``writes % size``) and bumps the counter (one scatter, one add). Each ring
+    counts its own writes, once per step, so the three rings of a cell agree on the steps."""
 
-    ``per_tensor_sq``: the norm pass's per-tensor squared norms ``[n]``; ``local_norm``: this rank's
-    own norm (read only when ``world > 1``). Two scatters, one all-gather of a scalar under data
-    parallel, one counter bump.
-    """
-
-    def __init__(self, size: int, names: Sequence[str], world: int = 1,
-                 max_columns: int = MAX_COLUMNS) -> None:
+    def __init__(self, size: int, width: int, dtype: Any, name: str) -> None:
         super().__init__(auto_prefix=False)
         self.size = int(size)
-        self.world = int(world)
-        self.columns, groups = forensics_columns(names, max_columns)
-        self.grouped = groups is not None
-        if self.grouped:
-            self.group_ids = Tensor(np.asarray(groups, np.int32))
-        self.layer_ring = Parameter(Tensor(np.zeros((self.size, len(self.columns)), np.float32)),
-                                    name="gradmon_forensics_layers", requires_grad=False)
-        if self.world > 1:
-            self.all_gather = ops.AllGather()
-            self.rank_ring = Parameter(Tensor(np.zeros((self.size, self.world), np.float32)),
-                                       name="gradmon_forensics_ranks", requires_grad=False)
-        self.writes = Parameter(Tensor(np.zeros(1, np.int32)), name="gradmon_forensics_steps",
-                                requires_grad=False)
+        self.ring = Parameter(Tensor(np.zeros((self.size, int(width)), dtype)), name=name,
+                              requires_grad=False)
+        self.writes = Parameter(Tensor(np.zeros(1, np.int32)), name=name + "_steps", requires_grad=False)
         self._one = Tensor(np.ones(1, np.int32))
 
-    def construct(self, per_tensor_sq, local_norm):
-        sq = per_tensor_sq
-        if self.grouped:
-            sq = ops.unsorted_segment_sum(sq, self.group_ids, len(self.columns))
+    def write(self, row):
         slot = ops.floor_mod(self.writes, self.size)
-        ops.scatter_update(self.layer_ring, slot, sq.reshape((1, -1)))
-        if self.world > 1:
-            ranks = self.all_gather(ops.cast(local_norm, ms.float32).reshape((1,)))
-            ops.scatter_update(self.rank_ring, slot, ranks.reshape((1, -1)))
+        ops.scatter_update(self.ring, slot, row.reshape((1, -1)))
         ops.assign_add(self.writes, self._one)
         return slot
 
+    def construct(self, row):
+        return self.write(row)
 
-class SampleIdRing(nn.Cell):
-    """The sample-id ring: ``construct(ids)`` keeps one step's ``[per_rank]`` ids (all ranks' under
-    data parallel, gathered by rank)."""
+    def read(self, steps_back: int) -> np.ndarray | None:
+        """The row written ``steps_back`` steps before the last (host side, two device reads)."""
+        slot = ring_slot(int(self.writes.asnumpy()[0]), self.size, steps_back)
+        return None if slot is None else self.ring.asnumpy()[slot]
+
+
+class LayerRing(StepRing):
+    """Per-layer squared norms: ``construct(per_tensor_sq)`` keeps the norm pass's per-tensor vector
+    ``[n]``, summed into groups when there are more than ``max_columns`` parameters."""
+
+    def __init__(self, size: int, names: Sequence[str], max_columns: int = MAX_COLUMNS) -> None:
+        self.columns, groups = forensics_columns(names, max_columns)
+        super().__init__(size, len(self.columns), np.float32, "gradmon_forensics_layers")
+        self.grouped = groups is not None
+        if self.grouped:
+            self.group_ids = Tensor(np.asarray(groups, np.int32))
+
+    def construct(self, per_tensor_sq):
+        sq = per_tensor_sq
+        if self.grouped:
+            sq = ops.unsorted_segment_sum(sq, self.group_ids, len(self.columns))
+        return self.write(sq)
+
+
+class RankNormRing(StepRing):
+    """Every data-parallel rank's own norm: ``construct(local_norm)`` gathers this rank's scalar
+    from all ``world`` ranks (one ``AllGather`` of a float per step) and keeps the vector."""
+
+    def __init__(self, size: int, world: int) -> None:
+        super().__init__(size, world, np.float32, "gradmon_forensics_ranks")
+        self.world = int(world)
+        self.all_gather = ops.AllGather()
+
+    def construct(self, local_norm):
+        return self.write(self.all_gather(ops.cast(local_norm, ms.float32).reshape((1,))))
+
+
+class SampleIdRing(StepRing):
+    """The steps' sample ids: ``construct(ids)`` keeps this step's ``per_rank`` ids (every rank's
+    under data parallel, gathered by rank)."""
 
     def __init__(self, size: int, per_rank: int, world: int = 1) -> None:
-        super().__init__(auto_prefix=False)
-        self.size = int(size)
+        super().__init__(size, world * per_rank, np.int32, "gradmon_forensics_ids")
         self.per_rank = int(per_rank)
         self.world = int(world)
         if self.world > 1:
             self.all_gather = ops.AllGather()
-        self.id_ring = Parameter(Tensor(np.zeros((self.size, self.world * self.per_rank), np.int32)),
-                                 name="gradmon_forensics_ids", requires_grad=False)
-        self.writes = Parameter(Tensor(np.zeros(1, np.int32)), name="gradmon_forensics_id_steps",
-                                requires_grad=False)
-        self._one = Tensor(np.ones(1, np.int32))
 
     def construct(self, ids):
         ids = ops.cast(ids, ms.int32).reshape((-1,))
         if self.world > 1:
             ids = self.all_gather(ids)
-        slot = ops.floor_mod(self.writes, self.size)
-        ops.scatter_update(self.id_ring, slot, ids.reshape((1, -1)))
-        ops.assign_add(self.writes, self._one)
-        return slot
+        return self.write(ids)
 
 
-def read_forensics(ring: ForensicsRing, id_ring: SampleIdRing | None, steps_back: int,
-                   top_k: int = TOP_LAYERS) -> dict[str, Any] | None:
-    """What the rings hold for the step ``steps_back`` before the last one run (a few device reads),
-    as :func:`forensics_fields`; None when that step is not (or no longer) in the ring."""
-    total = int(ring.writes.asnumpy()[0])
-    slot = ring_slot(total, ring.size, steps_back)
-    if slot is None:
+def read_forensics(cell: Any, steps_back: int, top_k: int = TOP_LAYERS) -> dict[str, Any] | None:
+    """What a step cell's rings hold for the step ``steps_back`` before the last one run (a few
+    device reads), as :func:`forensics_fields` plus ``grouped``; None when that step is not (or no
+    longer) in the ring."""
+    layers: LayerRing = cell.forensics_layers
+    layer_sq = layers.read(steps_back)
+    if layer_sq is None:
         return None
-    layer_sq = ring.layer_ring.asnumpy()[slot].astype(np.float64)
-    ranks = ring.rank_ring.asnumpy()[slot].astype(np.float64) if ring.world > 1 else None
-    ids = None
-    if id_ring is not None:
-        id_slot = ring_slot(int(id_ring.writes.asnumpy()[0]), id_ring.size, steps_back)
-        if id_slot is not None:
-            ids = id_ring.id_ring.asnumpy()[id_slot].reshape(id_ring.world, id_ring.per_rank).tolist()
-    fields = forensics_fields(ring.columns, layer_sq.tolist(), None if ranks is None else ranks.tolist(),
-                              ids, top_k)
-    fields["grouped"] = ring.grouped
+    ranks = cell.forensics_ranks.read(steps_back) if cell.forensics_ranks is not None else None
+    ids = cell.forensics_ids.read(steps_back) if cell.forensics_ids is not None else None
+    if ids is not None:
+        ids = ids.reshape(cell.forensics_ids.world, cell.forensics_ids.per_rank).tolist()
+    fields = forensics_fields(layers.columns, layer_sq.astype(np.float64).tolist(),
+                              None if ranks is None else ranks.astype(np.float64).tolist(), ids, top_k)
+    fields["grouped"] = layers.grouped
     return fields
 
 
-def setup_forensics(cell: Any, options: Any) -> bool:
-    """Give a step cell its forensics rings (``forensics_ring``, ``forensics_id_ring``) when
-    ``options.forensics > 0``; returns whether it needs each rank's own norm (data parallel over
-    more than one device). Nothing is created with ``forensics=0``."""
-    if options.forensics <= 0:
-        return False
+def setup_forensics(cell: Any, options: Any) -> None:
+    """Give a step cell its forensics switches (``forensics_on``, ``forensics_keeps_ranks``,
+    ``forensics_keeps_ids``) and, when ``options.forensics > 0``, its rings: ``forensics_layers``,
+    ``forensics_ranks`` (data parallel over more than one device, else None) and ``forensics_ids``
+    (``forensics_ids > 0``, else None). Nothing is created with ``forensics=0``."""
     from .parallel import DATA_PARALLEL
 
     setup = cell.parallel_setup
     world = setup.device_num if setup.mode == DATA_PARALLEL and setup.device_num > 1 else 1
-    cell.forensics_ring = ForensicsRing(options.forensics, cell.weight_names, world)
-    cell.forensics_id_ring = (SampleIdRing(options.forensics, options.forensics_ids, world)
-                              if options.forensics_ids > 0 else None)
-    return world > 1
+    # Compile-time switches read by construct, set whether forensics is on or not.
+    cell.forensics_on = options.forensics > 0
+    cell.forensics_keeps_ranks = cell.forensics_on and world > 1
+    cell.forensics_keeps_ids = cell.forensics_on and options.forensics_ids > 0
+    if not cell.forensics_on:
+        return
+    cell.forensics_layers = LayerRing(options.forensics, cell.weight_names)
+    cell.forensics_ranks = RankNormRing(options.forensics, world) if cell.forensics_keeps_ranks else None
+    cell.forensics_ids = (SampleIdRing(options.forensics, options.forensics_ids, world)
+                          if cell.forensics_keeps_ids else None)

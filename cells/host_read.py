@@ -75,4 +75,4 @@ class HostReadMixin:
         """
         if not getattr(self, "forensics_on", False):
             return None
-        return read_forensics(self.forensics_ring, self.forensics_id_ring, int(steps_back), top_k)
+        return read_forensics(self, int(steps_back), top_k)

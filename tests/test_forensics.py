@@ -12,6 +12,7 @@ from gradmon.cells.layer_stats import forensics_columns, forensics_fields, ring_
 from gradmon.logformat.alarms import AlarmConfig, AlarmRule
 from gradmon.logformat.jsonl import encode_record
 from gradmon.monitor.forensics import sample_id_lists
+from gradmon.monitor.settings import MonitorSettings
 from gradmon.monitor.steplog import StepLogger
 from tests.test_steplog import Clock, RingCell, Sink, run_steps
 
@@ -78,8 +79,9 @@ def _run(cell, log_interval=4, **kw):
     sink, clock = Sink(), Clock()
     rule = AlarmRule(AlarmConfig(window=8, min_history=4, quiet_steps=3))
     seen: list[dict] = []
-    logger = StepLogger([sink], log_interval=log_interval, cell=cell, alarm_rule=rule, clock=clock,
-                        on_event=seen.append, **kw)
+    settings = MonitorSettings.from_kwargs("test", "unused.jsonl", log_interval=log_interval,
+                                           on_event=seen.append, **kw)
+    logger = StepLogger([sink], settings, cell=cell, alarm_rule=rule, clock=clock)
     run_steps(logger, cell, clock, 6, norm=1.0)
     run_steps(logger, cell, clock, 1, norm=50.0)  # step 7 alarms, read at step 8 (one step back)
     run_steps(logger, cell, clock, 5, norm=1.0)

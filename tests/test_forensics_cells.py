@@ -18,7 +18,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from gradmon.cells import MonitoredTrainStep, MonitoredTrainStepWithLossScale
-from gradmon.cells.forensics import ForensicsRing
+from gradmon.cells.forensics import LayerRing
 from mindspore import Tensor, nn
 
 from examples.models import MLP, with_loss
@@ -91,11 +91,12 @@ def test_loss_scaled_forensics_are_unscaled_and_sample_ids_skip_the_network(mode
 
 def test_many_parameters_are_kept_as_groups(mode):
     names = [f"blocks.{i // 2}.w{i % 2}" for i in range(6)]
-    ring = ForensicsRing(2, names, max_columns=3)
+    ring = LayerRing(2, names, max_columns=3)
     assert ring.columns == ["blocks.0", "blocks.1", "blocks.2"] and ring.grouped
     sq = np.arange(1, 7, dtype=np.float32)
-    ring(Tensor(sq), Tensor(0.0, ms.float32))
-    np.testing.assert_array_equal(ring.layer_ring.asnumpy()[0], [1 + 2, 3 + 4, 5 + 6])
+    ring(Tensor(sq))
+    np.testing.assert_array_equal(ring.read(0), [1 + 2, 3 + 4, 5 + 6])
+    assert ring.read(1) is None
 
 
 def test_bad_options_are_refused():
@@ -123,13 +124,13 @@ def test_forensics_on_trains_the_same_weights_and_off_adds_nothing():
         ms.set_context(mode=old)
     default, off, on = runs[None], runs[0], runs[4]
     assert off[0] == default[0] and off[2] == default[2]  # outputs bit for bit, the same Parameters
-    assert not hasattr(off[3], "forensics_ring") and off[3].grad_norm.per_tensor is False
+    assert not hasattr(off[3], "forensics_layers") and off[3].grad_norm.per_tensor is False
     for a, b, c in zip(default[1], off[1], on[1]):
         assert (a == b).all() and (a == c).all()  # SGD on the gradients: forensics changes no weight
     # With forensics the norm is the sum of the per-tensor sums (as with layer_stats): the last bit may move.
     np.testing.assert_allclose([o[1] for o in on[0]], [o[1] for o in default[0]], rtol=1e-6)
     assert [o[0] for o in on[0]] == [o[0] for o in default[0]]
-    assert set(on[2]) - set(default[2]) == {"gradmon_forensics_layers", "gradmon_forensics_steps"}
+    assert set(on[2]) - set(default[2]) == {"gradmon_forensics_layers", "gradmon_forensics_layers_steps"}
 
 
 _IR_SCRIPT = textwrap.dedent("""
