@@ -110,14 +110,15 @@ class SampleIdRing(StepRing):
         return self.write(ids)
 
 
-def read_forensics(cell: Any, steps_back: int, top_k: int = TOP_LAYERS) -> dict[str, Any] | None:
+def read_forensics(cell: Any, steps_back: int, top_k: int = TOP_LAYERS) -> dict[str, Any]:
     """What a step cell's rings hold for the step ``steps_back`` before the last one run (a few
-    device reads), as :func:`forensics_fields` plus ``grouped``; None when that step is not (or no
-    longer) in the ring."""
+    device reads), as :func:`forensics_fields` plus ``grouped``; ``{"missing": why}`` when that step
+    is not (or no longer) in the ring."""
     layers: LayerRing = cell.forensics_layers
     layer_sq = layers.read(steps_back)
     if layer_sq is None:
-        return None
+        return {"missing": f"the step is not in the step cell's forensics ring ({steps_back} steps back, "
+                           f"forensics={layers.size} kept; keep forensics=K >= log_interval)"}
     ranks = cell.forensics_ranks.read(steps_back) if cell.forensics_ranks is not None else None
     ids = cell.forensics_ids.read(steps_back) if cell.forensics_ids is not None else None
     if ids is not None:

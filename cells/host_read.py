@@ -70,8 +70,8 @@ class HostReadMixin:
         """Per-layer norms (top ``top_k``), each rank's norm and the sample ids of the step ``steps_back``
         before the last one run, from the forensics rings (``forensics=K``; a few device reads).
 
-        None when the cell keeps no forensics or that step has left the ring (``steps_back >= K``).
-        See :func:`gradmon.cells.forensics.forensics_fields` for the fields.
+        None when the cell keeps no forensics (``forensics=0``); ``{"missing": why}`` when that step
+        has left the ring (``steps_back >= K``). See :func:`gradmon.cells.forensics.forensics_fields`.
         """
         if not getattr(self, "forensics_on", False):
             return None

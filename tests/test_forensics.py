@@ -63,8 +63,10 @@ class ForensicCell(RingCell):
         self.asked.append(steps_back)
         if self.fail:
             raise RuntimeError("device gone")
+        if self.kept == 0:
+            return None  # forensics off
         if steps_back >= min(self.kept, len(self.rows)):
-            return None
+            return {"missing": "left the ring"}
         step = len(self.rows) - steps_back
         return {"layers": [{"name": "w", "grad_norm": self.rows[step - 1][1]}], "layer_count": 1,
                 "rank_norms": [0.5, self.rows[step - 1][1]], "top_rank": 1}
@@ -104,7 +106,7 @@ def test_the_alarm_gets_the_forensics_of_its_own_step_once_per_incident():
 def test_a_step_that_left_the_ring_is_named_missing_and_the_hook_still_answers():
     sink, _ = _run(ForensicCell(size=1), sample_ids=lambda step: [step])
     f = _alarm(sink)["forensics"]
-    assert f["step"] == 7 and "forensics=K >= log_interval" in f["missing"] and f["sample_ids"] == [[7]]
+    assert f == {"step": 7, "missing": "left the ring", "sample_ids": [[7]]}
 
 
 def test_a_failing_read_is_written_into_the_event_and_training_goes_on(caplog):
@@ -118,4 +120,6 @@ def test_a_failing_read_is_written_into_the_event_and_training_goes_on(caplog):
 
 def test_without_forensics_or_hook_the_alarm_is_unchanged():
     sink, _ = _run(RingCell())
+    assert "forensics" not in _alarm(sink)
+    sink, _ = _run(ForensicCell(size=0))  # a cell that could keep them, built with forensics=0
     assert "forensics" not in _alarm(sink)

@@ -66,7 +66,7 @@ def test_per_layer_norms_of_each_kept_step_equal_a_torch_reference(context_mode,
         np.testing.assert_allclose([got[k] for k in names], [ref[k] for k in names], rtol=2e-5, atol=1e-7)
         norms = [row["grad_norm"] for row in f["layers"]]
         assert norms == sorted(norms, reverse=True)
-    assert cell.gradmon_forensics(3) is None  # left the ring
+    assert "forensics=3 kept" in cell.gradmon_forensics(3)["missing"]  # left the ring
     assert cell.gradmon_forensics(0, top_k=2)["layers"] == cell.gradmon_forensics(0)["layers"][:2]
 
 
@@ -125,6 +125,7 @@ def test_forensics_on_trains_the_same_weights_and_off_adds_nothing():
     default, off, on = runs[None], runs[0], runs[4]
     assert off[0] == default[0] and off[2] == default[2]  # outputs bit for bit, the same Parameters
     assert not hasattr(off[3], "forensics_layers") and off[3].grad_norm.per_tensor is False
+    assert off[3].gradmon_forensics(0) is None  # LiveMonitor then attaches nothing
     for a, b, c in zip(default[1], off[1], on[1]):
         assert (a == b).all() and (a == c).all()  # SGD on the gradients: forensics changes no weight
     # With forensics the norm is the sum of the per-tensor sums (as with layer_stats): the last bit may move.

@@ -2,7 +2,8 @@
 
 Called by :class:`gradmon.monitor.steplog.StepLogger` when the alarm rule opens an incident (once
 per incident, never per step). The cell is duck-typed: ``gradmon_forensics(steps_back) -> dict |
-None`` (:meth:`gradmon.cells.host_read.HostReadMixin.gradmon_forensics`), so this is tested
+None`` (:meth:`gradmon.cells.host_read.HostReadMixin.gradmon_forensics`: None when the cell keeps
+none, ``{"missing": why}`` when the step has left its ring), so this is tested
 without MindSpore. A failure is written into the event (``forensics.error``) and never stops training.
 """
 
@@ -36,18 +37,14 @@ def attach_forensics(event: dict[str, Any], step: int, last_step: int,
     """Set ``event["forensics"]`` for the alarm at ``step`` when ``last_step`` is the last step run.
 
     ``read(steps_back)``: the cell's rings; ``sample_ids(step)``: the monitor's hook, used when the
-    cell kept no ids. Nothing is set when neither has anything; a step that has left the ring gets
-    ``{"step", "missing"}``.
+    cell kept no ids. Nothing is set when neither has anything.
     """
     out: dict[str, Any] = {}
     steps_back = int(last_step) - int(step)
     try:
         if read is not None:
             kept = read(steps_back)
-            if kept is None:
-                out["missing"] = (f"step {step} is not in the step cell's forensics ring ({steps_back} steps "
-                                  "back; keep more steps with forensics=K >= log_interval)")
-            else:
+            if kept is not None:
                 out.update(kept)
         if sample_ids is not None and "sample_ids" not in out:
             ids = sample_ids(step)
