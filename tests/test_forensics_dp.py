@@ -7,7 +7,6 @@ torch reference computed from the weights before the step and the batches the ev
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +31,9 @@ def test_the_alarm_names_the_rank_the_layer_and_the_sample(run: Path):
 
     records = list(read_records(run / "metrics.jsonl"))
     (alarm,) = [r for r in records if r.get("type") == "event" and r.get("kind") == "alarm"]
-    print("forensics event:", json.dumps(alarm))
+    # The line as logged (pytest -s shows it).
+    print("forensics event:", next(line for line in (run / "metrics.jsonl").read_text().splitlines()
+                                   if '"kind":"alarm"' in line))
     assert alarm["step"] == script.FAULT_STEP and alarm["reason"] == "grad_norm_spike"
     f = alarm["forensics"]
     assert f["step"] == script.FAULT_STEP and f["layer_count"] == 6 and f["grouped"] is False
