@@ -84,6 +84,10 @@ class MonitorSettings:
       a user rule, restores the last one from before the incident, opens a rollback segment and goes
       on with the next batches (docs/cells.md "Automatic recovery"). Its ``skipped_steps`` must be
       below ``abort_after``.
+    - ``sample_ids``: ``sample_ids(step) -> ids`` names the samples of a training step (a list of
+      ids, or one list per data-parallel rank) for the ``forensics`` of an ``alarm`` event at that
+      step; asked only when an alarm opens. Not needed when the step cell keeps the ids itself
+      (``MonitoredTrainStep(forensics=K, forensics_ids=B)`` with an index column).
     """
 
     log_file: str
@@ -103,6 +107,7 @@ class MonitorSettings:
     alarms: bool = True
     alarm_config: AlarmConfig | Mapping[str, Any] | None = None  # normalised: None iff not alarms
     recovery: Recovery | Mapping[str, Any] | bool | None = None  # normalised: a Recovery or None
+    sample_ids: Callable[[int], Any] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -115,6 +120,9 @@ class MonitorSettings:
             raise ValueError(f"initial_step must be >= 0 or None, got {self.initial_step}")
         if self.on_event is not None and not callable(self.on_event):
             raise TypeError(f"on_event must be callable, got {type(self.on_event).__name__}")
+        if self.sample_ids is not None and not callable(self.sample_ids):
+            raise TypeError("sample_ids must be callable (step -> ids), "
+                            f"got {type(self.sample_ids).__name__}")
         for name in ("log_interval", "layer_stats_every", "layer_top_k"):
             set_(self, name, int(getattr(self, name)))
         for name in ("abort_after", "initial_step"):
