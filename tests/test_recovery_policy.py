@@ -185,3 +185,18 @@ def test_data_parallel_agreement_from_summed_votes():
     assert quiet.plan(t0).step == loud.plan(t1).step == 10
     # Nobody: no trigger, clean.
     assert agree_from_sums(quiet, None, local_vote(quiet, None, False) * 2, 25) == (None, False)
+
+
+def test_a_rule_that_cannot_be_copied_still_works():
+    import threading
+
+    class Locked:
+        def __init__(self):
+            self.lock = threading.Lock()  # deepcopy refuses a lock
+
+        def __call__(self, record):
+            return "late" if record["step"] == 25 else None
+
+    policy = RecoveryPolicy(Recovery(every=10, on_alarm=False, skipped_steps=None, rule=Locked()))
+    run(policy, [step(i) for i in range(1, 26)])
+    assert policy.trigger.reason == "rule" and policy.plan(policy.trigger).step == 20

@@ -189,7 +189,7 @@ class RecoveryPolicy:
         self.batches = 0  # steps run in this process, abandoned ones included
         self._rollback_batches: deque[int] = deque()  # self.batches at each rollback
         self._rule = AlarmRule(self._alarm_config) if config.on_alarm else None
-        self._user_rule = copy.deepcopy(config.rule)  # a rule object's state goes back with a rollback
+        self._user_rule = _state_copy(config.rule)  # a rule object's state goes back with a rollback
         self._bad = BadStepCounter(config.skipped_steps)
         self._bad_first: int | None = None  # first step of the current run of bad steps
         self._last_snapshot: int | None = None
@@ -245,7 +245,7 @@ class RecoveryPolicy:
         """Keep ``snapshot`` (taken after ``step``), with the trigger state at that step; the oldest
         goes when the ring is full."""
         state = (copy.deepcopy(self._rule), copy.deepcopy(self._bad), self._bad_first,
-                 copy.deepcopy(self._user_rule))
+                 _state_copy(self._user_rule))
         self.ring = deque((e for e in self.ring if e.step < step), maxlen=None)
         self.ring.append(_Entry(int(step), snapshot, state))
         while len(self.ring) > self.config.keep:
@@ -283,12 +283,21 @@ class RecoveryPolicy:
         entry = self.ring[-1]
         rule, bad, bad_first, user_rule = entry.host_state
         self._rule, self._bad, self._bad_first = copy.deepcopy(rule), copy.deepcopy(bad), bad_first
-        self._user_rule = copy.deepcopy(user_rule)
+        self._user_rule = _state_copy(user_rule)
         self._rollback_batches.append(self.batches)
         while self._rollback_batches and self._rollback_batches[0] <= self.batches - self.config.window:
             self._rollback_batches.popleft()
         self.trigger = None
         self._last_snapshot = plan.step
+
+
+def _state_copy(rule: Any) -> Any:
+    """A copy of a user rule's state (``copy.deepcopy``), or the rule itself when it cannot be
+    copied (it holds a lock, a file...): then its state simply goes on through a rollback."""
+    try:
+        return copy.deepcopy(rule)
+    except Exception:
+        return rule
 
 
 class LossRise:
