@@ -4,9 +4,11 @@ at one snapshot every M=100 steps, and the host memory one snapshot holds.
 Models of benchmarks/step_overhead.py (the 1.8M demo Transformer, the 22M one) in a
 ``MonitoredTrainStep`` that clips with the spike detector (``max_norm=1.0, spike_mode="clip"``: the
 optimizer runs in a switch branch, the case that needs ``ops.assign`` to restore), Adam, GRAPH mode.
-Rounds interleave ``step, snapshot, step, restore`` so that the machine's load hits both alike; the
-figures are medians. The 150M row is computed from bytes (4 bytes x parameters x 3: weights and
-Adam's two moments), not run: a 150M model does not train on this 2-core machine in minutes.
+``device_copy_ms`` is the alternative not taken (a device-side ``Tensor.copy()`` of every
+Parameter). Rounds interleave ``step, snapshot, step, restore, device copy`` so that the machine's
+load hits all alike; the figures are medians. The 150M row is computed from bytes (4 bytes x
+parameters x 3: weights and Adam's two moments), not run: a 150M model does not train on this 2-core
+machine in minutes.
 
 Run: ``python -m benchmarks.snapshot_cost [--rounds N] [--models tiny_transformer,transformer_20m]``
 """
@@ -38,7 +40,8 @@ def measure(model: str, rounds: int) -> dict:
     params = sum(int(p.size) for p in net.trainable_params())
     for _ in range(2):  # compile, warm up
         cell(*inputs)
-    steps, snaps, restores = [], [], []
+    steps, snaps, restores, device = [], [], [], []
+    params_list = [p for _, p in cell.parameters_and_names()]
     snap = None
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -54,11 +57,18 @@ def measure(model: str, rounds: int) -> dict:
         restore_snapshot(cell, snap)
         cell.counts.asnumpy()  # the restore has landed
         restores.append(time.perf_counter() - t0)
+        # The alternative not taken: a device-side copy of every Parameter (one kernel launch each).
+        t0 = time.perf_counter()
+        copies = [p.value().copy() for p in params_list]
+        copies[-1].asnumpy()
+        device.append(time.perf_counter() - t0)
+        del copies
     step_ms = statistics.median(steps) * 1e3
     snap_ms = statistics.median(snaps) * 1e3
     return {"model": model, "params": params, "snapshot_mib": snap.nbytes / 2**20 if snap else None,
             "step_ms": step_ms, "snapshot_ms": snap_ms, "restore_ms": statistics.median(restores) * 1e3,
-            "share_at_m100": snap_ms / (M * step_ms), "rounds": rounds}
+            "share_at_m100": snap_ms / (M * step_ms), "device_copy_ms": statistics.median(device) * 1e3,
+            "rounds": rounds}
 
 
 def main(argv: list[str] | None = None) -> int:

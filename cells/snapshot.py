@@ -10,8 +10,8 @@ optimizer runs inside a switch branch (``MonitoredTrainStep`` clipping with a sk
 updating the old one — measured on MindSpore 2.10: the restored weights are read by the forward pass,
 the update ignores them.
 
-Why host copies: measured on CPU (docs/cells.md, "Snapshots"), ``asnumpy().copy()`` of the 22M
-model with Adam (253 MiB) takes ~0.22 s and a device-side ``Tensor.copy()`` per parameter ~2.9 s
+Why host copies: measured on CPU (docs/cells.md, "Automatic recovery"), ``asnumpy().copy()`` of the
+22M model with Adam (253 MiB) takes ~0.25 s and a device-side ``Tensor.copy()`` per parameter ~0.85 s
 (one kernel launch each); the host copy also leaves device memory alone, which is what a large
 model lacks. On CPU ``asnumpy()`` aliases the Parameter's buffer, so the copy is required.
 
