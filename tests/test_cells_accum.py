@@ -257,3 +257,16 @@ def test_after_step_counts_optimizer_steps(tmp_path):
     assert [r["step"] for r in steps] == [1, 2]
     history = cell.gradmon_read_history()
     np.testing.assert_allclose([r["grad_norm"] for r in steps], history.column("grad_norm"), rtol=1e-6)
+
+
+def test_forensics_and_recovery_refuse_accumulation(tmp_path):
+    from gradmon import LiveMonitor
+
+    net = _net()
+    with pytest.raises(ValueError, match="grad_accum_steps"):
+        MonitoredTrainStep(with_loss(net), nn.SGD(net.trainable_params(), LR), forensics=4,
+                           grad_accum_steps=2)
+    cell = MonitoredTrainStep(with_loss(net), nn.SGD(net.trainable_params(), LR), grad_accum_steps=2)
+    monitor = LiveMonitor(tmp_path / "m.jsonl", recovery={"every": 5}).attach(cell)
+    with pytest.raises(ValueError, match="grad_accum_steps"):
+        monitor.after_step(cell(*_batch(0)))
