@@ -13,6 +13,11 @@ A step cell built with ``forensics=K`` keeps, for each of its last ``K`` steps, 
   ids (the dataset's index column), which the cell keeps and does not pass to the network;
   all-gathered under data parallel (``B`` per rank, by rank).
 
+With ``grad_accum_steps=N`` the per-layer and per-rank rows are written once per optimizer step
+(they follow the norm, which runs on the N-th call, on the accumulated gradients; a rank's norm is
+that of its N micro-batches' mean), and the sample-id ring keeps ``K x N`` rows, one per call:
+an optimizer step's ids are those of all its N micro-batches, each rank's in micro-batch order.
+
 Nothing is read per step. When the alarm rule opens an incident, ``LiveMonitor`` reads the rings
 once (:meth:`gradmon.cells.host_read.HostReadMixin.gradmon_forensics`) and attaches what they hold
 for the alarm's step to the ``alarm`` event (docs/format.md, "Forensics"). With ``forensics=0``
@@ -93,11 +98,18 @@ class RankNormRing(StepRing):
 
 
 class SampleIdRing(StepRing):
-    """The steps' sample ids: ``construct(ids)`` keeps this step's ``per_rank`` ids (every rank's
-    under data parallel, gathered by rank)."""
+    """The steps' sample ids: ``construct(ids)`` keeps this call's ``per_rank`` ids (every rank's
+    under data parallel, gathered by rank).
 
-    def __init__(self, size: int, per_rank: int, world: int = 1) -> None:
-        super().__init__(size, world * per_rank, np.int32, "gradmon_forensics_ids")
+    With gradient accumulation (``micro`` = N calls per optimizer step) the ring counts calls and
+    each micro-batch's ids go to their own row: ``size x N`` rows for the ``size`` steps kept, plus
+    N - 1 for a step under way, so it keeps whole optimizer steps exactly as long as the other
+    rings (one write per optimizer step), aligned with them by ``writes // N``."""
+
+    def __init__(self, size: int, per_rank: int, world: int = 1, micro: int = 1) -> None:
+        super().__init__((int(size) + 1) * int(micro) - 1, world * per_rank, np.int32, "gradmon_forensics_ids")
+        self.steps = int(size)
+        self.micro = int(micro)
         self.per_rank = int(per_rank)
         self.world = int(world)
         if self.world > 1:
@@ -108,6 +120,17 @@ class SampleIdRing(StepRing):
         if self.world > 1:
             ids = self.all_gather(ids)
         return self.write(ids)
+
+    def read(self, steps_back: int) -> np.ndarray | None:
+        """The ids of the optimizer step ``steps_back`` before the last completed one, by rank:
+        ``[world, N * per_rank]`` (each rank's micro-batches in order); None when not kept."""
+        calls = int(self.writes.asnumpy()[0])
+        first = (calls // self.micro - 1 - int(steps_back)) * self.micro  # the step's first call
+        if not 0 <= steps_back < self.steps or first < 0 or calls - first > self.size:
+            return None
+        rows = self.ring.asnumpy()[[(first + m) % self.size for m in range(self.micro)]]
+        by_rank = rows.reshape(self.micro, self.world, self.per_rank).transpose(1, 0, 2)
+        return by_rank.reshape(self.world, self.micro * self.per_rank)
 
 
 def read_forensics(cell: Any, steps_back: int, top_k: int = TOP_LAYERS) -> dict[str, Any]:
@@ -122,7 +145,7 @@ def read_forensics(cell: Any, steps_back: int, top_k: int = TOP_LAYERS) -> dict[
     ranks = cell.forensics_ranks.read(steps_back) if cell.forensics_ranks is not None else None
     ids = cell.forensics_ids.read(steps_back) if cell.forensics_ids is not None else None
     if ids is not None:
-        ids = ids.reshape(cell.forensics_ids.world, cell.forensics_ids.per_rank).tolist()
+        ids = ids.tolist()
     fields = forensics_fields(layers.columns, layer_sq.astype(np.float64).tolist(),
                               None if ranks is None else ranks.astype(np.float64).tolist(), ids, top_k)
     fields["grouped"] = layers.grouped
@@ -146,5 +169,6 @@ def setup_forensics(cell: Any, options: Any) -> None:
         return
     cell.forensics_layers = LayerRing(options.forensics, cell.weight_names)
     cell.forensics_ranks = RankNormRing(options.forensics, world) if cell.forensics_keeps_ranks else None
-    cell.forensics_ids = (SampleIdRing(options.forensics, options.forensics_ids, world)
+    cell.forensics_ids = (SampleIdRing(options.forensics, options.forensics_ids, world,
+                                       micro=options.grad_accum_steps)
                           if cell.forensics_keeps_ids else None)

@@ -54,7 +54,8 @@ class StepOptions:
       parallel, each rank's own norm) on device, for the alarm events' forensics (0: off, no cost;
       see :mod:`gradmon.cells.forensics`).
     - ``forensics_ids``: the step's last input is a vector of this many sample ids (the dataset's
-      index column, per rank), kept with the forensics and not passed to the network (0: none).
+      index column, per rank; with ``grad_accum_steps=N`` each micro-batch's), kept with the forensics
+      and not passed to the network (0: none).
     - ``output_layout``: what the cells return, ``"gradmon"`` or ``"mindformers"`` (see
       :mod:`gradmon.cells.layouts`).
     - ``norm_strategy``: how the norm is computed: ``"auto"`` (default), ``"flat"``, ``"bucketed"``,
@@ -106,9 +107,6 @@ class StepOptions:
             set_(self, name, int(value))
         if self.forensics_ids and not self.forensics:
             raise ValueError("forensics_ids needs forensics=K > 0 (the steps whose sample ids are kept)")
-        if self.forensics and self.grad_accum_steps > 1:
-            raise ValueError("forensics=K does not support grad_accum_steps > 1 yet (its rings keep one "
-                             "batch's ranks and sample ids per call, not per optimizer step)")
         for name in ("skip_nonfinite", "local_norm", "layer_stats"):
             set_(self, name, _flag(name, getattr(self, name)))
         if self.norm_strategy not in NORM_STRATEGIES:

@@ -259,14 +259,41 @@ def test_after_step_counts_optimizer_steps(tmp_path):
     np.testing.assert_allclose([r["grad_norm"] for r in steps], history.column("grad_norm"), rtol=1e-6)
 
 
-def test_forensics_and_recovery_refuse_accumulation(tmp_path):
-    from gradmon import LiveMonitor
+# ---------------------------------------------------------------------- forensics
 
+
+def test_an_alarm_names_the_samples_of_every_micro_batch_and_the_top_layer(mode, tmp_path):
+    """N = 2, B = 4: one sample of the 2nd micro-batch of step FAULT x1000. The alarm at FAULT
+    names the ids of both micro-batches of that step (the poisoned one among them) and the first
+    layer's weight as the top layer; the layer and id rings count optimizer steps."""
+    from mindspore import dataset as ds
+    from mindspore.train import Model
+
+    from gradmon import LiveMonitor
+    from tests.train_util import records
+
+    n, b, steps, fault = 2, 4, 12, 10
+    rng = np.random.default_rng(0)
+    x = rng.random((steps * n * b, 64), dtype=np.float32)
+    y = rng.integers(0, 10, steps * n * b).astype(np.int32)
+    bad = ((fault - 1) * n + 1) * b + 1  # the 2nd sample of the step's 2nd micro-batch
+    x[bad] *= 1000.0
+    data = ds.NumpySlicesDataset({"x": x, "y": y, "index": np.arange(len(x), dtype=np.int32)},
+                                 shuffle=False).batch(b)
     net = _net()
-    with pytest.raises(ValueError, match="grad_accum_steps"):
-        MonitoredTrainStep(with_loss(net), nn.SGD(net.trainable_params(), LR), forensics=4,
-                           grad_accum_steps=2)
-    cell = MonitoredTrainStep(with_loss(net), nn.SGD(net.trainable_params(), LR), grad_accum_steps=2)
-    monitor = LiveMonitor(tmp_path / "m.jsonl", recovery={"every": 5}).attach(cell)
-    with pytest.raises(ValueError, match="grad_accum_steps"):
-        monitor.after_step(cell(*_batch(0)))
+    cell = MonitoredTrainStep(with_loss(net), nn.SGD(net.trainable_params(), LR), max_norm=1.0,
+                              grad_accum_steps=n, forensics=4, forensics_ids=b)
+    path = tmp_path / "m.jsonl"
+    monitor = LiveMonitor(path, log_interval=2, alarm_config={"min_history": 5})
+    Model(cell).train(1, data, callbacks=[monitor], dataset_sink_mode=False)
+    (alarm,) = [r for r in records(path, "event") if r["kind"] == "alarm"]
+    print("forensics event:", alarm)  # pytest -s shows it
+    assert alarm["step"] == fault and alarm["reason"] == "grad_norm_spike"
+    f = alarm["forensics"]
+    assert f["step"] == fault and "missing" not in f
+    first = (fault - 1) * n * b
+    assert f["sample_ids"] == [list(range(first, first + n * b))] and bad in f["sample_ids"][0]
+    assert f["layers"][0]["name"] == "body.0.weight"  # the poisoned inputs feed the first layer
+    assert math.isclose(math.sqrt(sum(r["grad_norm"] ** 2 for r in f["layers"])), alarm["value"], rel_tol=1e-5)
+    assert int(cell.forensics_layers.writes.asnumpy()[0]) == steps  # one row per optimizer step
+    assert int(cell.forensics_ids.writes.asnumpy()[0]) == steps * n  # one row per micro-batch

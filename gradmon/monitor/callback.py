@@ -22,6 +22,8 @@ micro-batch, the monitor counts optimizer steps. Under ``Model.train`` step ``s`
 loop's step ``s * N`` (its ``cur_step_num`` divided by N, rounded down); an epoch of B batches is
 ``B // N`` steps and a step's samples are N batches. In a hand-written loop call ``after_step``
 after every call of the cell (each N-th one completes a step). Records are per optimizer step.
+Automatic recovery acts at optimizer-step boundaries only, and counts optimizer steps (its
+``every``, ``skip_batches`` and ``window``; a held step is N batches, each run and undone).
 """
 
 from __future__ import annotations
@@ -171,9 +173,6 @@ class LiveMonitor(Callback):
         self._started, self._epoch_offset = True, None
         self._segment_args = (steps_per_epoch, steps_per_epoch_unknown, batch_size)
         if self._recovery_config is not None:
-            if self._accumulation > 1:
-                raise ValueError("automatic recovery does not support a step cell with grad_accum_steps > 1 "
-                                 "(a rollback would land inside an optimizer step); train without recovery")
             if self.recovery is None:
                 self.recovery = RecoveryDriver(self._recovery_config, self._cell,
                                                alarm_config=self.settings.alarm_config)
@@ -241,7 +240,8 @@ class LiveMonitor(Callback):
         cb = run_context.original_args()
         if self._holding():
             self._undo_held_step()
-            self._step_offset = self._logger.step - int(cb.cur_step_num)  # the next batch is the next step
+            # The next batch is the next step (a hold is whole optimizer steps: the count stays in phase).
+            self._step_offset = self._logger.step - int(cb.cur_step_num) // self._accumulation
             return
         epoch = cb.cur_epoch_num
         if self._epoch_offset is None:
@@ -249,7 +249,7 @@ class LiveMonitor(Callback):
             self._epoch_offset = resumed_epoch_offset(seg.initial_step, seg.steps_per_epoch, epoch)
         self._logger.step_end(int(cb.cur_step_num) // self._accumulation + self._step_offset, cb.net_outputs,
                               epoch=epoch + self._epoch_offset)
-        self._recover()
+        self._recover(int(cb.cur_step_num) % self._accumulation == 0)
 
     def on_train_end(self, run_context: Any) -> None:
         self.close()
@@ -312,7 +312,7 @@ class LiveMonitor(Callback):
             return
         logger = self._logger
         logger.step_end(logger.step + done, outputs, epoch=epoch)
-        self._recover()
+        self._recover(bool(done))
 
     # -- automatic recovery ---------------------------------------------------------------------
 
@@ -331,9 +331,13 @@ class LiveMonitor(Callback):
         if not self.recovery.holding:
             self._logger.pause()  # the hold's time is not the next steps' step time
 
-    def _recover(self) -> None:
-        """After each step: the recovery's snapshot, rollback or give-up (every rank alike)."""
-        if self.recovery is None or self._segment is None or self._logger.aborted:
+    def _recover(self, boundary: bool = True) -> None:
+        """After each step: the recovery's snapshot, rollback or give-up (every rank alike).
+
+        Only at an optimizer-step boundary (``boundary``: the call that ran the optimizer, always
+        without accumulation): a snapshot then holds an empty accumulator, and a rollback restores
+        one, so the loop's count of micro-batches stays in phase with the cell's."""
+        if self.recovery is None or self._segment is None or self._logger.aborted or not boundary:
             return
         action = self.recovery.after_step(self._logger)
         if isinstance(action, GiveUp):

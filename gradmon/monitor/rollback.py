@@ -27,6 +27,7 @@ import numpy as np
 from gradmon.logformat.alarms import AlarmConfig
 from gradmon.monitor.header import distributed
 from gradmon.monitor.recovery import GiveUp, Recovery, RecoveryPolicy, RollbackPlan, Trigger
+from gradmon.monitor.training_state import accumulation_steps
 
 __all__ = ["RecoveryDriver", "agree_from_sums", "agreement", "local_vote"]
 
@@ -121,7 +122,9 @@ class RecoveryDriver:
         self._last_step = 0
         self._decided_through = 0
         self.rollbacks = 0
-        self.holding = 0  # batches still to skip after the last rollback (each run, then undone)
+        # Calls of the cell per optimizer step (grad_accum_steps): the policy counts optimizer steps.
+        self._calls_per_step = accumulation_steps(cell)
+        self.holding = 0  # calls still to skip after the last rollback (each run, then undone)
         self._held: Any = None  # the snapshot they are undone to
         self.snapshot_seconds: list[float] = []  # time of each snapshot taken (for the docs' figures)
 
@@ -163,13 +166,16 @@ class RecoveryDriver:
         self.policy.rolled_back(plan)
         self.rollbacks += 1
         self._last_step = self._decided_through = plan.step
-        self.holding, self._held = plan.hold, plan.snapshot
+        # plan.hold optimizer steps; under accumulation each is N calls (micro-batches).
+        self.holding, self._held = plan.hold * self._calls_per_step, plan.snapshot
 
     def undo_held_step(self) -> None:
-        """A batch of the hold ran: undo it (restore the rollback's snapshot again)."""
+        """A call of the hold ran: undo it (restore the rollback's snapshot again); every N-th
+        completes a held optimizer step."""
         self._restore_cell(self._held)
-        self.policy.count_batches(1)
         self.holding -= 1
+        if self.holding % self._calls_per_step == 0:
+            self.policy.count_batches(1)
 
     def _restore_cell(self, snapshot: Any) -> None:
         restore = getattr(self.cell, "gradmon_restore", None)
