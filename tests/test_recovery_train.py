@@ -183,3 +183,83 @@ def test_dataset_sink_mode_on_cpu_rolls_back_as_without(tmp_path):
     monitor = LiveMonitor(tmp_path / "metrics.jsonl", recovery={"every": 10, "skip_batches": 2})
     Model(cell).train(1, dataset(40, bad=[25]), callbacks=[monitor], dataset_sink_mode=True, sink_size=40)
     assert finite(net) and monitor.rollbacks == 1 and monitor.step == 33
+
+
+# ---------------------------------------------------------------------- gradient accumulation
+
+
+def accumulating_cell(**options):
+    net = mlp()
+    return net, MonitoredTrainStep(with_loss(net), nn.Adam(net.trainable_params(), 1e-2), grad_accum_steps=2,
+                                   **options)
+
+
+def test_an_accumulating_cell_restores_to_the_bit_at_and_inside_a_step():
+    """The snapshot holds the accumulator and the micro-step counter: one taken at a step boundary
+    (empty accumulator) and one after a micro-batch (a half-done step) both replay to the bit."""
+    net, cell = accumulating_cell(max_norm=0.5, spike_mode="clip", history_size=8)
+    x, y = stream(12)
+    batch = [(Tensor(x[i * BATCH:(i + 1) * BATCH]), Tensor(y[i * BATCH:(i + 1) * BATCH])) for i in range(12)]
+    for b in batch[:4]:
+        cell(*b)
+    at_step = cell.gradmon_snapshot()
+    assert at_step.step == 2 and int(at_step.arrays["micro_step"]) == 0
+    accum = [n for n in at_step.arrays if n.startswith("gradmon_accum.")]
+    assert len(accum) == len(cell.weights) and not any(at_step.arrays[n].any() for n in accum)
+    cell(*batch[4])
+    inside = cell.gradmon_snapshot()
+    assert int(inside.arrays["micro_step"]) == 1 and all(inside.arrays[n].any() for n in accum)
+    saved = {"at_step": (at_step, 4), "inside": (inside, 5)}
+    first = {k: None for k in saved}
+    for b in batch[5:]:
+        cell(*b)
+    end = state(cell)
+    for _ in range(2):
+        for name, (snap, start) in saved.items():
+            cell.gradmon_restore(snap)
+            assert all(np.array_equal(p.asnumpy(), snap.arrays[n]) for n, p in cell.parameters_and_names())
+            outs = [tuple(t.asnumpy().tobytes() for t in cell(*b)) for b in batch[start:]]
+            assert first[name] is None or outs == first[name]
+            first[name] = outs
+            now = state(cell)
+            assert all(np.array_equal(now[n], end[n]) for n in end)  # the same end state, to the bit
+
+
+def test_an_accumulating_run_rolls_back_at_optimizer_steps(tmp_path):
+    """N = 2 under Model.train: 80 batches are 40 optimizer steps; batch 49 (step 25's first
+    micro-batch) overflows. Recovery counts optimizer steps: snapshots every 10 steps, a rollback
+    to step 20, 2 held steps (4 batches), and the steps go on 21-33 as in the run without accumulation."""
+    net, cell = accumulating_cell(skip_nonfinite=False, history_size=32)
+    log = tmp_path / "metrics.jsonl"
+    monitor = LiveMonitor(log, recovery={"every": 10, "keep": 2, "skip_batches": 2})
+    Model(cell).train(1, dataset(80, bad=[49]), callbacks=[monitor], dataset_sink_mode=False)
+    assert finite(net) and monitor.rollbacks == 1 and not monitor.should_stop
+    first, second = segments(log)
+    assert first[0]["steps_per_epoch"] == 40
+    assert first[-1]["status"] == "rolled_back" and first[-1]["steps"] == 25
+    rollback = second[1]
+    assert (rollback["restored_step"], rollback["from_step"], rollback["incident_step"], rollback["detail"]) == (
+        20, 25, 25, "nonfinite")
+    assert rollback["batches_skipped"] == 5 + 2  # optimizer steps
+    steps2 = [r["step"] for r in second if r["type"] == "step"]
+    assert steps2 == list(range(21, 34)) and all(math.isfinite(r["loss"]) for r in second if r["type"] == "step")
+    # Snapshots are taken at step boundaries only: an empty accumulator, no micro-step under way.
+    kept = monitor.recovery.policy.ring
+    assert [e.step for e in kept] == [20, 30]
+    assert all(int(e.snapshot.arrays["micro_step"]) == 0 and e.snapshot.arrays["counts"][0] == e.step
+               for e in kept)
+    # The cell trained 33 optimizer steps' worth (its counter went back to 20 with the snapshot).
+    assert cell.gradmon_read_history().total_steps == 33 and int(cell.micro_step.asnumpy()) == 0
+
+
+def test_an_accumulating_hand_written_loop_rolls_back(tmp_path):
+    net, cell = accumulating_cell(skip_nonfinite=False, history_size=32)
+    x, y = stream(60, bad=[30])  # step 15's second micro-batch
+    monitor = LiveMonitor(tmp_path / "metrics.jsonl", recovery={"every": 5, "skip_batches": 1}).attach(cell)
+    with monitor:
+        for i in range(60):
+            monitor.after_step(cell(Tensor(x[i * BATCH:(i + 1) * BATCH]), Tensor(y[i * BATCH:(i + 1) * BATCH])))
+    # 30 optimizer steps' batches: 1-15, 11-15 abandoned, 1 held step: 30 - 5 - 1 = 24.
+    assert finite(net) and monitor.rollbacks == 1 and monitor.step == 24
+    _, second = segments(tmp_path / "metrics.jsonl")
+    assert second[0]["initial_step"] == 10 and [r["step"] for r in second if r["type"] == "step"][0] == 11
