@@ -107,7 +107,8 @@ class SampleIdRing(StepRing):
     rings (one write per optimizer step), aligned with them by ``writes // N``."""
 
     def __init__(self, size: int, per_rank: int, world: int = 1, micro: int = 1) -> None:
-        super().__init__((int(size) + 1) * int(micro) - 1, world * per_rank, np.int32, "gradmon_forensics_ids")
+        rows = (int(size) + 1) * int(micro) - 1
+        super().__init__(rows, world * per_rank, np.int32, "gradmon_forensics_ids")
         self.steps = int(size)
         self.micro = int(micro)
         self.per_rank = int(per_rank)

@@ -294,6 +294,7 @@ def test_an_alarm_names_the_samples_of_every_micro_batch_and_the_top_layer(mode,
     first = (fault - 1) * n * b
     assert f["sample_ids"] == [list(range(first, first + n * b))] and bad in f["sample_ids"][0]
     assert f["layers"][0]["name"] == "body.0.weight"  # the poisoned inputs feed the first layer
-    assert math.isclose(math.sqrt(sum(r["grad_norm"] ** 2 for r in f["layers"])), alarm["value"], rel_tol=1e-5)
+    combined = math.sqrt(sum(r["grad_norm"] ** 2 for r in f["layers"]))
+    assert math.isclose(combined, alarm["value"], rel_tol=1e-5)
     assert int(cell.forensics_layers.writes.asnumpy()[0]) == steps  # one row per optimizer step
     assert int(cell.forensics_ids.writes.asnumpy()[0]) == steps * n  # one row per micro-batch

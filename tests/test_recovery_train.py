@@ -197,7 +197,7 @@ def accumulating_cell(**options):
 def test_an_accumulating_cell_restores_to_the_bit_at_and_inside_a_step():
     """The snapshot holds the accumulator and the micro-step counter: one taken at a step boundary
     (empty accumulator) and one after a micro-batch (a half-done step) both replay to the bit."""
-    net, cell = accumulating_cell(max_norm=0.5, spike_mode="clip", history_size=8)
+    _, cell = accumulating_cell(max_norm=0.5, spike_mode="clip", history_size=8)
     x, y = stream(12)
     batch = [(Tensor(x[i * BATCH:(i + 1) * BATCH]), Tensor(y[i * BATCH:(i + 1) * BATCH])) for i in range(12)]
     for b in batch[:4]:
@@ -238,11 +238,12 @@ def test_an_accumulating_run_rolls_back_at_optimizer_steps(tmp_path):
     assert first[0]["steps_per_epoch"] == 40
     assert first[-1]["status"] == "rolled_back" and first[-1]["steps"] == 25
     rollback = second[1]
-    assert (rollback["restored_step"], rollback["from_step"], rollback["incident_step"], rollback["detail"]) == (
-        20, 25, 25, "nonfinite")
+    got = (rollback["restored_step"], rollback["from_step"], rollback["incident_step"], rollback["detail"])
+    assert got == (20, 25, 25, "nonfinite")
     assert rollback["batches_skipped"] == 5 + 2  # optimizer steps
     steps2 = [r["step"] for r in second if r["type"] == "step"]
-    assert steps2 == list(range(21, 34)) and all(math.isfinite(r["loss"]) for r in second if r["type"] == "step")
+    assert steps2 == list(range(21, 34))
+    assert all(math.isfinite(r["loss"]) for r in second if r["type"] == "step")
     # Snapshots are taken at step boundaries only: an empty accumulator, no micro-step under way.
     kept = monitor.recovery.policy.ring
     assert [e.step for e in kept] == [20, 30]
@@ -258,8 +259,9 @@ def test_an_accumulating_hand_written_loop_rolls_back(tmp_path):
     monitor = LiveMonitor(tmp_path / "metrics.jsonl", recovery={"every": 5, "skip_batches": 1}).attach(cell)
     with monitor:
         for i in range(60):
-            monitor.after_step(cell(Tensor(x[i * BATCH:(i + 1) * BATCH]), Tensor(y[i * BATCH:(i + 1) * BATCH])))
+            rows = slice(i * BATCH, (i + 1) * BATCH)
+            monitor.after_step(cell(Tensor(x[rows]), Tensor(y[rows])))
     # 30 optimizer steps' batches: 1-15, 11-15 abandoned, 1 held step: 30 - 5 - 1 = 24.
     assert finite(net) and monitor.rollbacks == 1 and monitor.step == 24
     _, second = segments(tmp_path / "metrics.jsonl")
-    assert second[0]["initial_step"] == 10 and [r["step"] for r in second if r["type"] == "step"][0] == 11
+    assert second[0]["initial_step"] == 10 and next(r["step"] for r in second if r["type"] == "step") == 11
