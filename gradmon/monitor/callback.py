@@ -132,15 +132,18 @@ class LiveMonitor(Callback):
 
     def _open_segment(self, initial_step: int | None, steps_per_epoch: int | None,
                       steps_per_epoch_unknown: str | None, batch_size: int | None, *,
-                      steps_run: int = 0) -> None:
+                      steps_run: int = 0, initial_step_from: str = "argument",
+                      **segment_options: Any) -> None:
         """``steps_run``: steps already done in this segment (``after_step`` opens it after the
-        loop's first step, which the training state then counts already)."""
+        loop's first step, which the training state then counts already). ``initial_step_from``:
+        where a given ``initial_step`` came from; ``segment_options``: :class:`Segment`'s optional
+        arguments (a trainer adapter's pipeline stages, samples per step, header fields)."""
         if self._started:
             return
-        if initial_step is None:
-            initial_step = self.settings.initial_step
         if initial_step is not None:
-            step, source = int(initial_step), "argument"
+            step, source = int(initial_step), initial_step_from
+        elif self.settings.initial_step is not None:
+            step, source = self.settings.initial_step, "argument"
         else:
             step, source = restored_step(self._cell, self._optimizer)
             step = max(step - steps_run, 0)
@@ -149,7 +152,7 @@ class LiveMonitor(Callback):
             initial_step_from=source, steps_per_epoch=steps_per_epoch,
             steps_per_epoch_unknown=steps_per_epoch_unknown,
             batch_size=batch_size if batch_size is not None else self.settings.batch_size,
-            on_stop=self._request_stop,
+            on_stop=self._request_stop, **segment_options,
         )
         self._started, self._epoch_offset = True, None
 
