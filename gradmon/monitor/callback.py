@@ -194,7 +194,12 @@ class LiveMonitor(Callback):
         assert self._segment is not None, "no segment open"
         return self._segment.logger
 
-    def on_train_begin(self, run_context: Any) -> None:
+    def on_train_begin(self, run_context: Any, *args: Any, **kwargs: Any) -> None:
+        if args or kwargs:  # mindformers 2.x's PyNative Trainer: on_train_begin(config, state, model=...)
+            raise TypeError("LiveMonitor is a MindSpore Callback; mindformers' PyNative Trainer calls "
+                            "TrainerCallback hooks: use gradmon.integrations.mindformers.MindFormersLiveMonitor "
+                            "(YAML: callbacks: [{type: LiveMonitor}]) or "
+                            "gradmon.integrations.trainer_callback.TrainerLiveMonitor")
         cb = run_context.original_args()
         self.attach(cb.train_network, cb.get("optimizer"))
         if self._started and self._logger.step > self._segment.initial_step:
