@@ -142,17 +142,19 @@ def test_an_uncaught_exception_ends_the_log_as_failed(tmp_path):
 
 def test_spike_defence_flags_clips_and_alarms_once_on_a_loss_spike(tmp_path):
     log = tmp_path / "metrics.jsonl"
-    loop = DefendedLoop(duck_config(steps=32, max_norm=100.0), callbacks=[TrainerLiveMonitor(log)],
-                        batches=lambda step: make_batch(step, scale=1000.0 if step == 27 else 1.0),
-                        spike_mode="clip", spike_warmup=10)
+    monitor = TrainerLiveMonitor(log, alarm_config={"min_history": 8})
+    loop = DefendedLoop(duck_config(steps=13, max_norm=100.0), callbacks=[monitor],
+                        batches=lambda step: make_batch(step, scale=1000.0 if step == 10 else 1.0),
+                        spike_mode="clip", spike_warmup=8)
     loop.train()
     recs = records(log)
     steps = steps_of(recs)
-    assert recs[0]["spike_mode"] == "clip" and recs[0]["trainer"]["spike"]["warmup"] == 10
-    assert [r["step"] for r in steps if r.get("spike")] == [28]
-    spike = steps[27]
+    assert recs[0]["spike_mode"] == "clip" and recs[0]["trainer"]["spike"]["warmup"] == 8
+    assert [r["step"] for r in steps if r.get("spike")] == [11]
+    spike = steps[10]
     assert spike["clipped"] and spike["clip_coef"] < 0.01 and spike["zscore"] > 5
-    assert spike["grad_norm"] == pytest.approx(loop.norms[27], rel=1e-6)  # the norm before any clip
+    assert spike["grad_norm"] == pytest.approx(loop.norms[10], rel=1e-6)  # the norm before any clip
+    assert spike["loss"] > 100 * steps[9]["loss"]
     assert len(events_of(recs, "alarm")) == 1 and len(events_of(recs, "spike")) == 1
 
 
@@ -166,9 +168,9 @@ def _weights_change(mode, tmp_path):
             seen.append(max(float(np.abs(a - b).max()) for a, b in zip(before, self.weights())))
             return out
 
-    loop = Probe(duck_config(steps=14, max_norm=100.0), callbacks=[TrainerLiveMonitor(tmp_path / f"{mode}.jsonl")],
-                 batches=lambda step: make_batch(step, scale=1000.0 if step == 12 else 1.0),
-                 spike_mode=mode, spike_warmup=10)
+    loop = Probe(duck_config(steps=9, max_norm=100.0), callbacks=[TrainerLiveMonitor(tmp_path / f"{mode}.jsonl")],
+                 batches=lambda step: make_batch(step, scale=1000.0 if step == 7 else 1.0),
+                 spike_mode=mode, spike_warmup=6)
     loop.train()
     return seen, steps_of(records(tmp_path / f"{mode}.jsonl"))
 
@@ -176,12 +178,12 @@ def _weights_change(mode, tmp_path):
 def test_spike_skip_leaves_the_weights_and_detect_only_flags(tmp_path):
     skip_moves, skip_steps = _weights_change("skip", tmp_path)
     detect_moves, detect_steps = _weights_change("detect", tmp_path)
-    assert skip_steps[12]["spike"] and skip_steps[12]["skipped"] and skip_steps[12]["skip_reason"] == "spike"
-    assert skip_moves[12] == 0.0 and skip_moves[11] > 0.0
-    assert detect_steps[12]["spike"] and not detect_steps[12].get("skipped")
-    assert detect_moves[12] > 0.0
+    assert [r["step"] for r in skip_steps if r.get("spike")] == [8]
+    assert skip_steps[7]["skipped"] and skip_steps[7]["skip_reason"] == "spike"
+    assert skip_moves[7] == 0.0 and skip_moves[6] > 0.0
+    assert detect_steps[7]["spike"] and not detect_steps[7].get("skipped") and detect_moves[7] > 0.0
     # the rate of the step after a skipped one is the skipped step's (global_step did not advance)
-    assert skip_steps[13]["lr"] == skip_steps[12]["lr"]
+    assert skip_steps[8]["lr"] == skip_steps[7]["lr"] != detect_steps[8]["lr"]
 
 
 def test_the_mixin_refuses_no_defence():
