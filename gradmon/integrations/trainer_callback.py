@@ -183,7 +183,8 @@ class TrainerLiveMonitor(LiveMonitor):
         spike = settings.get("spike") or {}
         history = TrainerStepHistory(max_norm=settings.get("max_norm"),
                                      skip_nonfinite=settings["use_skip_step_on_nan"],
-                                     spike_mode=spike.get("mode"))
+                                     spike_mode=spike.get("mode"),
+                                     limit=max(2 * self.settings.log_interval, 1024))
         self.attach(history, optimizer)
         self._trainer_history = history
         epoch_step = int(getattr(state, "epoch_step", 0) or 0)
