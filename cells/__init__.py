@@ -3,7 +3,7 @@
 ``MonitoredTrainStep`` / ``MonitoredTrainStepWithLossScale`` are drop-in ``nn.TrainOneStepCell``
 replacements returning ``(loss, grad_norm)`` and keeping a device-side step history;
 ``global_norm`` / ``clip_by_global_norm`` are the graph-safe functional twins. Supported:
-MindSpore 2.7 to 2.10 (checked by feature, see ``UnsupportedMindSporeError``).
+MindSpore 2.7 or later, 2.7 to 2.10 tested (checked by feature, see ``UnsupportedMindSporeError``).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def test_configurable(choice, rank):
 
 @pytest.mark.parametrize("choice", [8, -9])
 def test_a_rank_outside_the_job_is_refused(choice):
-    with pytest.raises(ValueError, match="outside the job's ranks 0..7"):
+    with pytest.raises(ValueError, match=r"outside the job's ranks 0\.\.7"):
         writer_rank(8, 1, choice)
 
 

@@ -197,7 +197,8 @@ class LiveMonitor(Callback):
     def on_train_begin(self, run_context: Any, *args: Any, **kwargs: Any) -> None:
         if args or kwargs:  # mindformers 2.x's PyNative Trainer: on_train_begin(config, state, model=...)
             raise TypeError("LiveMonitor is a MindSpore Callback; mindformers' PyNative Trainer calls "
-                            "TrainerCallback hooks: use gradmon.integrations.mindformers.MindFormersLiveMonitor "
+                            "TrainerCallback hooks: use "
+                            "gradmon.integrations.mindformers.MindFormersLiveMonitor "
                             "(YAML: callbacks: [{type: LiveMonitor}]) or "
                             "gradmon.integrations.trainer_callback.TrainerLiveMonitor")
         cb = run_context.original_args()

@@ -85,8 +85,8 @@ class Loop(LoopTrainer):
 
     def __init__(self, config, handler, **kwargs):
         super().__init__(config, callbacks=[], handler_cls=handler, state_cls=TrainerState, **kwargs)
-        tc = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=8, vocab_size=32,
-                               ffn_hidden_size=32)
+        tc = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=8,
+                               vocab_size=32, ffn_hidden_size=32)
         self.network.get_gpt_transformer_config = lambda: tc
 
 
@@ -156,8 +156,8 @@ def test_a_loss_spike_raises_one_alarm_and_the_defence_clips_it(tmp_path):
     log = tmp_path / "metrics.jsonl"
     config = train_config(log, steps=13, max_norm=100.0, callback={"alarm_config": {"min_history": 8}})
     handler, _ = handler_from(config)
-    loop = DefendedLoop(config, handler, batches=lambda step: make_batch(step, scale=1000.0 if step == 10 else 1.0),
-                        spike_mode="clip", spike_warmup=8)
+    loop = DefendedLoop(config, handler, spike_mode="clip", spike_warmup=8,
+                        batches=lambda step: make_batch(step, scale=1000.0 if step == 10 else 1.0))
     loop.train()
     recs = records(log)
     steps = steps_of(recs)
@@ -193,7 +193,8 @@ def test_writer_rank_is_the_last_pipeline_stage(tmp_path, monkeypatch, rank, wri
     # One process stands in for each rank of a 4-rank job with pipeline_parallel: 2.
     monkeypatch.setattr(segment_module, "distributed", lambda: (rank, 4))
     log = tmp_path / "metrics.jsonl"
-    config = pynative_config(training={"steps": 2, "global_batch_size": 16}, parallelism={"pipeline_parallel": 2},
+    config = pynative_config(training={"steps": 2, "global_batch_size": 16},
+                             parallelism={"pipeline_parallel": 2},
                              callbacks=[{"type": "LiveMonitor", "log_file": str(log)}])
     handler, _ = handler_from(config)
     Loop(config, handler).train()
@@ -214,5 +215,5 @@ def test_runner_wrapper_in_a_pynative_config_warns(tmp_path):
 
 
 def test_gradmon_trainer_says_why_it_is_missing():
-    with pytest.raises(ImportError, match="hyper_parallel|PyNative Trainer"):
+    with pytest.raises(ImportError, match=r"hyper_parallel|PyNative Trainer"):
         gm_mf.GradmonTrainer  # noqa: B018 - the attribute access is the test
