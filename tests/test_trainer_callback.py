@@ -220,3 +220,17 @@ def test_runner_wrapper_in_a_pynative_config_warns(tmp_path):
         LoopTrainer(cfg, callbacks=[TrainerLiveMonitor(tmp_path / "m.jsonl")]).train()
     with pytest.warns(UserWarning, match="GradmonTrainer"):
         DefendedLoop(cfg, callbacks=[], spike_mode="detect")
+
+
+def test_a_resumed_trainer_continues_the_numbering(tmp_path):
+    class Resumed(LoopTrainer):
+        def _init_train_state(self):
+            state = super()._init_train_state()
+            state.global_step = 4  # as _load_checkpoint restores it
+            return state
+
+    log = tmp_path / "metrics.jsonl"
+    Resumed(duck_config(steps=6), callbacks=[TrainerLiveMonitor(log)], epoch_step=4).train()
+    recs = records(log)
+    assert (recs[0]["initial_step"], recs[0]["initial_step_from"]) == (4, "trainer_state")
+    assert [(r["step"], r["epoch"]) for r in steps_of(recs)] == [(5, 2), (6, 2)]

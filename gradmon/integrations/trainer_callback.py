@@ -174,10 +174,8 @@ class TrainerLiveMonitor(LiveMonitor):
         if warning is not None:
             warnings.warn(warning, UserWarning, stacklevel=3)
             _log.warning("gradmon: %s", warning)
-        if self._started and self._logger.step > self._segment.initial_step:
-            self.close()  # a monitor reused for a second train(): a new segment
         if self._started:
-            self.close()  # started by hand without steps: reopen with the trainer's header
+            self.close()  # a monitor reused for a second train(), or one started by hand: a new segment
         _, world_size = distributed()
         settings = trainer_settings(config, state, world_size)
         spike = settings.get("spike") or {}
@@ -188,8 +186,12 @@ class TrainerLiveMonitor(LiveMonitor):
         self.attach(history, optimizer)
         self._trainer_history = history
         epoch_step = int(getattr(state, "epoch_step", 0) or 0)
+        # Where the numbering continues: the trainer's step (restored on resume), unless the user said.
+        resumed_at = int(getattr(state, "global_step", 0) or 0)
+        if self.settings.initial_step is not None:
+            resumed_at = None
         self._open_segment(
-            int(getattr(state, "global_step", 0) or 0), epoch_step or None,
+            resumed_at, epoch_step or None,
             None if epoch_step else "the trainer's state has no epoch_step", None,
             initial_step_from="trainer_state",
             pipeline_stages=settings["parallel_layout"]["pipeline_parallel"],
