@@ -71,6 +71,7 @@ class Segment:
             steps_per_epoch_unknown=steps_per_epoch_unknown, initial_step=initial_step,
             initial_step_from=initial_step_from,
             alarm_rule=config.as_dict() if isinstance(config, AlarmConfig) else None,
+            recovery=settings.recovery.as_dict() if settings.recovery is not None else None,
         )
         header.update(header_extra or {})
         stages = pipeline_stages if pipeline_stages is not None else context_pipeline_stages()
