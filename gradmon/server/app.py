@@ -68,7 +68,8 @@ class GradmonServer:
                  token: str | None = None, *, poll_interval: float = POLL_INTERVAL_S,
                  discover_interval: float = DISCOVER_INTERVAL_S, static_dir: Path | None = None,
                  client_queue_bytes: int = CLIENT_QUEUE_BYTES, poll_max_bytes: int = POLL_MAX_BYTES,
-                 workers: WorkerPool | None = None, alerts: Any | None = None) -> None:
+                 workers: WorkerPool | None = None, alerts: Any | None = None,
+                 index_sidecars: bool = True) -> None:
         self.root = os.path.realpath(os.fspath(logdir))
         self.host = host
         self.port = port
@@ -78,6 +79,7 @@ class GradmonServer:
         self.client_queue_bytes = client_queue_bytes
         self.poll_max_bytes = poll_max_bytes
         self.workers = workers if workers is not None else shared_pool()
+        self.index_sidecars = index_sidecars  # keep each run's index beside its log (sidecar.py)
         self.http = HttpRoutes(self, static_dir)
         self.runs: dict[str, Run] = {}
         self._announced: set[str] = set()  # runs listed to clients (their file has a complete line)
@@ -117,6 +119,8 @@ class GradmonServer:
             await self._server.wait_closed()
         if self.alerts is not None:
             await self.alerts.close()
+        for run in self.runs.values():  # what was read since the last checkpoint, for the next start
+            run.close()
 
     @property
     def clients(self) -> set[Client]:
@@ -252,12 +256,13 @@ class GradmonServer:
         for name, path in found.items():
             run = self.runs.get(name)
             if run is None or run.path != path:
-                self.runs[name] = Run(name, path)
+                self.runs[name] = Run(name, path, self.index_sidecars)
                 if run is not None:
+                    run.close()
                     changed |= self._forget(name)
         for name in [n for n in self.runs if n not in found]:
             if self.runs[name].missing or not os.path.exists(self.runs[name].path):
-                del self.runs[name]
+                self.runs.pop(name).close()
                 changed |= self._forget(name)
         return changed
 

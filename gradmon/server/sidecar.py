@@ -1,0 +1,299 @@
+"""The index sidecar: a cache, beside a run's log, of what indexing it learned.
+
+The log stays the only source of truth: the sidecar is never required, is checked against the log
+before it is trusted, and is rebuilt from the log whenever it is stale or damaged. It lives in a
+hidden directory beside the log, ``.<log file name>.gmidx/`` (run discovery skips hidden
+directories), and holds:
+
+- ``rows.offset`` / ``rows.step`` (int64) and ``rows.flags`` (uint8): one entry per step record,
+  in file order (``columns.py``); ``col.<n>`` (float64): one numeric key's values from its first
+  row on. Little-endian raw arrays, append-only (``numpy.memmap`` reads them as they are; the server
+  itself needs only the standard library). A zoom reads its rows back from these instead of
+  decoding the log's lines (:func:`read_rows`).
+- ``state``: a checkpoint of the whole index (pyramid, segments, marks, events, eval, system,
+  the alarm rule's state) at a line boundary ``size`` of the log, as one JSON header line (the
+  format, ``size``, checksums of the log's first and last 64 KiB before ``size``, the row and column
+  counts, the payload's CRC) and a pickle restricted to the index's own classes. Written to
+  ``state.tmp`` and renamed, so a kill at any moment leaves the previous checkpoint or the new one.
+  A restart restores it and tails the log from ``size`` on; the column files are cut back to the
+  checkpoint's row count (rows appended after it are read again from the log).
+- ``lock``: held (``flock``) by the one server that writes the sidecar; another server of the
+  same log, or a log directory the server cannot write, works from memory as before.
+
+Writes that fail (a full disk) drop the sidecar for this server: it goes on from memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import json
+import logging
+import mmap
+import os
+import pickle
+import sys
+import zlib
+from array import array
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Any
+
+from gradmon.server.columns import MAX_COLUMNS, MISSING, Rows
+
+__all__ = ["FORMAT", "ColumnsRef", "Sidecar", "read_rows", "sidecar_dir"]
+
+log = logging.getLogger("gradmon.server")
+
+FORMAT = 1
+_HASHED = 65_536  # bytes of the log hashed at each end of the checkpointed part
+_ROW_FILES = (("offset", "q"), ("step", "q"), ("flags", "B"))
+_LITTLE = sys.byteorder == "little"
+
+
+def sidecar_dir(log_path: str) -> str:
+    """The sidecar directory of a log file."""
+    head, name = os.path.split(log_path)
+    return os.path.join(head, f".{name}.gmidx")
+
+
+def _raw(a: array) -> bytes:
+    if not _LITTLE:  # pragma: no cover - big-endian hosts
+        a = array(a.typecode, a)
+        a.byteswap()
+    return a.tobytes()
+
+
+def _unraw(typecode: str, data: bytes) -> array:
+    a = array(typecode)
+    a.frombytes(data[:len(data) - len(data) % a.itemsize])
+    if not _LITTLE:  # pragma: no cover
+        a.byteswap()
+    return a
+
+
+def _log_digest(path: str, size: int) -> tuple[str, str] | None:
+    """Checksums of the log's first and last ``_HASHED`` bytes before ``size`` (``None``: shorter)."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            if os.fstat(f.fileno()).st_size < size:
+                return None
+            head = os.pread(f.fileno(), min(size, _HASHED), 0)
+            lo = max(0, size - _HASHED)
+            tail = os.pread(f.fileno(), size - lo, lo)
+    except OSError:
+        return None
+    return hashlib.sha1(head).hexdigest(), hashlib.sha1(tail).hexdigest()
+
+
+# What a checkpoint may hold: the index's own classes and the containers they use. Anything else
+# in a (crafted or damaged) state file fails to load, and the index is rebuilt from the log.
+_ALLOWED = {
+    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "object"), ("collections", "deque"),
+    ("array", "array"), ("array", "_array_reconstructor"), ("copyreg", "_reconstructor"),
+    ("gradmon.server.index", "RunIndex"), ("gradmon.server.steps", "StepSeries"),
+    ("gradmon.server.pyramid", "Pyramid"), ("gradmon.server.pyramid", "Level"),
+    ("gradmon.server.pyramid", "Summary"), ("gradmon.server.segments", "Segments"),
+    ("gradmon.server.sampled", "SampledSeries"), ("gradmon.server.sampled", "_Points"),
+    ("gradmon.server.derived", "DerivedAlarms"), ("gradmon.server.derived", "Derived"),
+    ("gradmon.server.alarmrule", "BatchAlarmRule"), ("gradmon.server.alarmrule", "WindowBaseline"),
+    ("gradmon.logformat.alarms", "AlarmConfig"), ("gradmon.logformat.alarms", "AlarmRule"),
+    ("gradmon.logformat.alarms", "RunningBaseline"), ("gradmon.logformat.alarms", "_Incident"),
+}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of an index")
+        return super().find_class(module, name)
+
+
+@dataclass(frozen=True)
+class ColumnsRef:
+    """Where a history answer finds the rows (picklable, for the worker): the sidecar directory,
+    the rows complete at the job's cursor, and per numeric key its file number and first row."""
+
+    path: str
+    rows: int
+    columns: dict[str, tuple[int, int]]
+
+
+def read_rows(ref: ColumnsRef, byte_lo: int, byte_hi: int,
+              ) -> tuple[array, array, bytes, dict[str, tuple[int, array]]]:
+    """The rows whose lines start in ``[byte_lo, byte_hi)``: steps, offsets, flags and per key
+    ``(first position, values)`` as ``columns.series_from_columns`` takes them."""
+    with open(os.path.join(ref.path, "rows.offset"), "rb") as f:
+        size = min(os.fstat(f.fileno()).st_size // 8, ref.rows)
+        if size == 0:
+            return array("q"), array("q"), b"", {}
+        with mmap.mmap(f.fileno(), size * 8, access=mmap.ACCESS_READ) as m:
+            view = memoryview(m).cast("q")
+            try:
+                r0 = bisect_left(view, byte_lo)
+                r1 = bisect_left(view, byte_hi, r0)
+            finally:
+                view.release()
+    return _read_span(ref, r0, r1)
+
+
+def _pread(path: str, lo: int, hi: int) -> bytes:
+    with open(path, "rb", buffering=0) as f:
+        return os.pread(f.fileno(), hi - lo, lo)
+
+
+def _read_span(ref: ColumnsRef, r0: int, r1: int) -> tuple[array, array, bytes, dict[str, tuple[int, array]]]:
+    d = ref.path
+    offsets = _unraw("q", _pread(os.path.join(d, "rows.offset"), r0 * 8, r1 * 8))
+    steps = _unraw("q", _pread(os.path.join(d, "rows.step"), r0 * 8, r1 * 8))
+    flags = _pread(os.path.join(d, "rows.flags"), r0, r1)
+    n = min(len(offsets), len(steps), len(flags))  # a sidecar reset under us: what is there
+    cols: dict[str, tuple[int, array]] = {}
+    for name, (num, first) in ref.columns.items():
+        a = max(r0, first)
+        if a >= r1:
+            continue
+        values = _unraw("d", _pread(os.path.join(d, f"col.{num}"), (a - first) * 8, (r1 - first) * 8))
+        cols[name] = (a - r0, values)
+    return steps[:n], offsets[:n], flags[:n], cols
+
+
+class Sidecar:
+    """The sidecar of one log, locked by this server (see the module docstring)."""
+
+    def __init__(self, path: str, lock_fd: int) -> None:
+        self.path = path
+        self._lock_fd = lock_fd
+        self.rows = 0
+        self.columns: dict[str, tuple[int, int]] = {}  # key -> (file number, first row)
+        self.complete = True  # every numeric key has a column (else zooms read the log's lines)
+        self.checkpointed = -1  # the log size of the latest checkpoint written or read
+        self._fds: dict[str, int] = {}
+
+    @classmethod
+    def open(cls, log_path: str) -> Sidecar | None:
+        """The sidecar of ``log_path``, created if need be; ``None`` when it cannot be written
+        (a read-only directory) or another server holds it."""
+        path = sidecar_dir(log_path)
+        fd = -1
+        try:
+            os.makedirs(path, exist_ok=True)
+            fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if fd >= 0:
+                os.close(fd)
+            log.debug("no index sidecar for %s (%s): indexing from memory", log_path, exc)
+            return None
+        return cls(path, fd)
+
+    # ---- restoring ------------------------------------------------------------------------
+
+    def load(self, log_path: str) -> tuple[Any, int] | None:
+        """The checkpointed index and the log size it covers, when the checkpoint is intact and
+        matches the log (then the columns are cut back to it); else ``None`` (call :meth:`reset`)."""
+        try:
+            with open(os.path.join(self.path, "state"), "rb") as f:
+                head = json.loads(f.readline())
+                payload = f.read()
+            if head.get("format") != FORMAT or zlib.crc32(payload) != head["crc"]:
+                return None
+            size, rows = int(head["size"]), int(head["rows"])
+            if _log_digest(log_path, size) != (head["head"], head["tail"]):
+                return None  # the log changed (rewritten, truncated) since: stale
+            columns = {str(k): (int(v[0]), int(v[1])) for k, v in head["columns"].items()}
+            lengths = [(f"rows.{n}", rows * array(tc).itemsize) for n, tc in _ROW_FILES]
+            lengths += [(f"col.{num}", (rows - first) * 8) for num, first in columns.values()]
+            for name, want in lengths:
+                if os.path.getsize(os.path.join(self.path, name)) < want:
+                    return None  # a column shorter than the checkpoint: damaged
+            index = _Unpickler(io.BytesIO(payload)).load()
+            from gradmon.server.index import RunIndex
+
+            if not isinstance(index, RunIndex):
+                return None
+            for name, want in lengths:  # rows after the checkpoint are read again from the log
+                os.truncate(os.path.join(self.path, name), want)
+        except Exception as exc:  # any damage at all: rebuild from the log
+            log.info("index sidecar of %s not used (%s: %s): re-indexing", log_path, type(exc).__name__, exc)
+            return None
+        self.rows, self.columns, self.complete = rows, columns, bool(head["complete"])
+        self.checkpointed = size
+        return index, size
+
+    def reset(self) -> None:
+        """Forget everything (a new generation of the log, or a checkpoint not usable)."""
+        self._close_files()
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.path, "state"))
+        for name in os.listdir(self.path):
+            if name.startswith(("rows.", "col.")):
+                os.unlink(os.path.join(self.path, name))
+        self.rows, self.columns, self.complete, self.checkpointed = 0, {}, True, -1
+
+    # ---- writing --------------------------------------------------------------------------
+
+    def _fd(self, name: str) -> int:
+        fd = self._fds.get(name)
+        if fd is None:
+            fd = self._fds[name] = os.open(os.path.join(self.path, name),
+                                           os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        return fd
+
+    def append(self, rows: Rows) -> None:
+        """Append a batch's rows (raises ``OSError`` when a write fails)."""
+        n = len(rows)
+        if n == 0:
+            return
+        for name, col in rows.columns.items():
+            if name not in self.columns:
+                if len(self.columns) >= MAX_COLUMNS:
+                    self.complete = False
+                    continue
+                self.columns[name] = (len(self.columns), self.rows + col[0])
+        for name, (num, _first) in self.columns.items():
+            col = rows.columns.get(name)
+            # A known key's values start at the batch's first row, a new key's at its column's first;
+            # a key no record of the batch has gets MISSING.
+            data = _raw(array("d", [MISSING])) * n if col is None else _raw(col[1])
+            os.write(self._fd(f"col.{num}"), data)
+        os.write(self._fd("rows.offset"), _raw(rows.offsets))
+        os.write(self._fd("rows.step"), _raw(rows.steps))
+        os.write(self._fd("rows.flags"), bytes(rows.flags))
+        self.rows += n
+
+    def checkpoint(self, index: Any, log_path: str, size: int) -> None:
+        """Write the checkpoint of ``index``, which covers the log's first ``size`` bytes (a line
+        boundary), atomically (raises ``OSError`` when it cannot)."""
+        digest = _log_digest(log_path, size)
+        if digest is None:
+            return  # the log shrank under us: the next poll resets everything
+        payload = pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
+        head = {"format": FORMAT, "size": size, "head": digest[0], "tail": digest[1], "rows": self.rows,
+                "columns": self.columns, "complete": self.complete, "crc": zlib.crc32(payload)}
+        tmp = os.path.join(self.path, "state.tmp")
+        with open(tmp, "wb") as f:
+            f.write(json.dumps(head).encode() + b"\n")
+            f.write(payload)
+        os.replace(tmp, os.path.join(self.path, "state"))
+        self.checkpointed = size
+
+    def ref(self) -> ColumnsRef | None:
+        """What a history job needs to read rows (``None`` when some key has no column)."""
+        return ColumnsRef(self.path, self.rows, dict(self.columns)) if self.complete else None
+
+    def _close_files(self) -> None:
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = {}
+
+    def close(self) -> None:
+        """Close the files and release the lock."""
+        self._close_files()
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = -1
