@@ -146,7 +146,9 @@ class GradmonServer:
     def stats(self) -> dict[str, Any]:
         """Per-run index statistics, client counts and the process RSS (for benchmarks)."""
         runs = {name: {**run.index.stats(), "offset": run.offset, "gen": run.gen, "indexing": run.indexing,
-                       "status": run.status} for name, run in self.runs.items()}
+                       "status": run.status, "restored": run.restored,
+                       "sidecar_rows": run.sidecar.rows if run.sidecar is not None else None}
+                for name, run in self.runs.items()}
         return {"runs": runs, "requests": self.http.requests, **self.sessions.stats(),
                 "rss_bytes": _rss_bytes()}
 
