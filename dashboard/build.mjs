@@ -10,6 +10,7 @@
 import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { createHash } from "node:crypto";
 import { transformSync } from "esbuild";
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -63,6 +64,13 @@ writeFileSync(
   join(assets, "echarts.LICENSE.txt"),
   `ECharts ${version} (https://echarts.apache.org), Apache License 2.0\n\n` + readFileSync(join(echartsDir, "LICENSE"), "utf8") + notice,
 );
+
+// What the page was built from, for a staleness check that does not need the sources copied
+// (tests/page_browser.py computes the same): sha256 over each source's path below dashboard/ and bytes.
+const digest = createHash("sha256");
+const srcFiles = ["build.mjs", "src/index.html", "src/style.css", ...[...sources.values()].map((p) => p.slice(here.length + 1))];
+for (const rel of srcFiles.sort()) digest.update(rel + "\0").update(readFileSync(join(here, rel))).update("\0");
+pageHtml = pageHtml.replace(/(<meta charset="utf-8">\n?)/, `$1<meta name="gradmon-sources" content="${digest.digest("hex")}">\n`);
 
 // Every asset index.html references must exist (a missing one is a blank page, not a build error otherwise).
 const html = pageHtml;
