@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
 from operator import itemgetter, le
@@ -59,9 +59,11 @@ def _floats(column: list) -> array:
     return array("d", [MISSING if (v := number(x)) is None else v for x in column])
 
 
-def step_rows(parsed: ParsedLines, known: set[str]) -> Rows:
+def step_rows(parsed: ParsedLines, known: Collection[str], seen: set[str] | None = None) -> Rows:
     """The rows of a parsed batch's step records. ``known``: keys that already have a column (a
-    column for a new key starts at its first number)."""
+    column for a new key starts at its first number). ``seen`` (updated): every key of the step
+    records so far; a batch whose records have no other key takes the keys to look at from
+    ``known`` and ``seen`` instead of from every record (the common batch)."""
     recs = parsed.records
     kinds = list(map(itemgetter("type"), recs))
     if kinds.count("step") == len(recs):
@@ -82,10 +84,19 @@ def step_rows(parsed: ParsedLines, known: set[str]) -> Rows:
             rec = recs[i]
             flags[r] = sum(1 << b for b, (flag, _k) in enumerate(MARK_FLAGS) if rec.get(flag) is True)
     columns: dict[str, tuple[int, array]] = {}
-    for name in dict.fromkeys(chain.from_iterable(steps_recs)):
+    if seen is not None and all(map(seen.issuperset, steps_recs)):
+        names: Iterable[str] = [*known, *(seen.difference(known).difference(_SKIP))]
+    else:
+        names = dict.fromkeys(chain.from_iterable(steps_recs))
+        if seen is not None:
+            seen.update(names)
+    for name in names:
         if name in _SKIP:
             continue
-        values = _floats(list(map(dict.get, steps_recs, repeat(name))))
+        raw = list(map(dict.get, steps_recs, repeat(name)))
+        if name not in known and raw.count(None) == len(raw):
+            continue  # not in this batch (or no value at all)
+        values = _floats(raw)
         first = 0
         if name not in known:
             bits = array("Q", values.tobytes())

@@ -36,6 +36,7 @@ STALE_AFTER_S = 120.0  # a run not finished whose file has not grown for this lo
 # every CHECKPOINT_S while the log grows, and every CHECKPOINT_BYTES of a long backlog.
 CHECKPOINT_S = 30.0
 CHECKPOINT_BYTES = 256 << 20
+FLUSH_BYTES = 4 << 20  # the rows of a backlog are written to the sidecar in pieces of this size
 _RANK_FILE = re.compile(r"^metrics\.rank(\d{1,6})\.jsonl$")
 
 
@@ -109,6 +110,10 @@ class Batch:
     records: list[dict] = field(default_factory=list)  # the same, decoded (for the webhook alerts)
 
 
+def _raise() -> None:
+    raise OSError("the sidecar's rows could not be written")
+
+
 class Run:
     """One run: its file tailer, its index and its status."""
 
@@ -152,7 +157,14 @@ class Run:
 
     def columns(self) -> ColumnsRef | None:
         """Where history reads this run's step records as columns (``None``: from the log)."""
-        return self.sidecar.ref() if self.sidecar is not None else None
+        sc = self.sidecar
+        if sc is None:
+            return None
+        try:
+            return sc.ref()
+        except OSError:
+            self._with_sidecar(_raise)  # drop it (and say why): this answer reads the log
+            return None
 
     def checkpoint(self, force: bool = False) -> None:
         """Checkpoint the index into the sidecar when it is due (``force``: whenever it is behind)."""
@@ -210,8 +222,11 @@ class Run:
         if res.lines and self.tailer.gen is not None:
             marks_status = self.index.status_records
             parsed = self.index.add_lines(res.lines, prev)
-            if self.sidecar is not None:
-                self._with_sidecar(self.sidecar.append, step_rows(parsed, self.sidecar.columns))
+            sc = self.sidecar
+            if sc is not None:
+                sc.append(step_rows(parsed, sc.columns, sc.seen))
+                if sc.unflushed >= FLUSH_BYTES or not res.more:
+                    self._with_sidecar(sc.flush)
             derived = self.index.derived.between(prev, self.tailer.offset)
             batch = Batch(self.tailer.gen, prev, self.tailer.offset, self.lines_to_send(parsed, derived),
                           self.index.status_records != marks_status,

@@ -170,7 +170,10 @@ class Sidecar:
         self.columns: dict[str, tuple[int, int]] = {}  # key -> (file number, first row)
         self.complete = True  # every numeric key has a column (else zooms read the log's lines)
         self.checkpointed = -1  # the log size of the latest checkpoint written or read
+        self.seen: set[str] = set()  # keys of the step records so far (columns.step_rows)
         self._fds: dict[str, int] = {}
+        self._pending: dict[str, list[bytes]] = {}  # appended rows not written yet, per file
+        self._pending_bytes = 0
 
     @classmethod
     def open(cls, log_path: str) -> Sidecar | None:
@@ -220,11 +223,13 @@ class Sidecar:
             log.info("index sidecar of %s not used (%s: %s): re-indexing", log_path, type(exc).__name__, exc)
             return None
         self.rows, self.columns, self.complete = rows, columns, bool(head["complete"])
+        self.seen = set(head.get("seen", ()))
         self.checkpointed = size
         return index, size
 
     def reset(self) -> None:
         """Forget everything (a new generation of the log, or a checkpoint not usable)."""
+        self._pending, self._pending_bytes, self.seen = {}, 0, set()
         self._close_files()
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(self.path, "state"))
@@ -242,8 +247,26 @@ class Sidecar:
                                            os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         return fd
 
+    def _add(self, name: str, data: bytes) -> None:
+        self._pending.setdefault(name, []).append(data)
+        self._pending_bytes += len(data)
+
+    def flush(self) -> None:
+        """Write the rows appended so far (raises ``OSError`` when a write fails)."""
+        pending, self._pending, self._pending_bytes = self._pending, {}, 0
+        for name, parts in pending.items():
+            data = b"".join(parts)
+            fd = self._fd(name)
+            while data:
+                data = data[os.write(fd, data):]
+
+    @property
+    def unflushed(self) -> int:
+        """Bytes appended and not written yet."""
+        return self._pending_bytes
+
     def append(self, rows: Rows) -> None:
-        """Append a batch's rows (raises ``OSError`` when a write fails)."""
+        """Append a batch's rows (buffered: :meth:`flush` writes them)."""
         n = len(rows)
         if n == 0:
             return
@@ -257,11 +280,10 @@ class Sidecar:
             col = rows.columns.get(name)
             # A known key's values start at the batch's first row, a new key's at its column's first;
             # a key no record of the batch has gets MISSING.
-            data = _raw(array("d", [MISSING])) * n if col is None else _raw(col[1])
-            os.write(self._fd(f"col.{num}"), data)
-        os.write(self._fd("rows.offset"), _raw(rows.offsets))
-        os.write(self._fd("rows.step"), _raw(rows.steps))
-        os.write(self._fd("rows.flags"), bytes(rows.flags))
+            self._add(f"col.{num}", _raw(array("d", [MISSING])) * n if col is None else _raw(col[1]))
+        self._add("rows.offset", _raw(rows.offsets))
+        self._add("rows.step", _raw(rows.steps))
+        self._add("rows.flags", bytes(rows.flags))
         self.rows += n
 
     def checkpoint(self, index: Any, log_path: str, size: int) -> None:
@@ -270,9 +292,11 @@ class Sidecar:
         digest = _log_digest(log_path, size)
         if digest is None:
             return  # the log shrank under us: the next poll resets everything
+        self.flush()  # the columns first: a checkpoint never counts rows that are not on disk
         payload = pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
         head = {"format": FORMAT, "size": size, "head": digest[0], "tail": digest[1], "rows": self.rows,
-                "columns": self.columns, "complete": self.complete, "crc": zlib.crc32(payload)}
+                "columns": self.columns, "complete": self.complete, "seen": sorted(self.seen),
+                "crc": zlib.crc32(payload)}
         tmp = os.path.join(self.path, "state.tmp")
         with open(tmp, "wb") as f:
             f.write(json.dumps(head).encode() + b"\n")
@@ -281,8 +305,12 @@ class Sidecar:
         self.checkpointed = size
 
     def ref(self) -> ColumnsRef | None:
-        """What a history job needs to read rows (``None`` when some key has no column)."""
-        return ColumnsRef(self.path, self.rows, dict(self.columns)) if self.complete else None
+        """What a history job needs to read rows (``None`` when some key has no column); the rows
+        appended so far are written first (raises ``OSError`` when that fails)."""
+        if not self.complete:
+            return None
+        self.flush()
+        return ColumnsRef(self.path, self.rows, dict(self.columns))
 
     def _close_files(self) -> None:
         for fd in self._fds.values():
