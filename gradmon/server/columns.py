@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 import struct
 from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import chain, islice, repeat
 from operator import itemgetter, le
 
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES
@@ -116,19 +117,29 @@ def series_from_columns(steps: Sequence[int], offsets: Sequence[int], flags: byt
     """``readback.series_from_lines`` of the rows given (consecutive, in file order; each column
     ``(first position, values from there)``), with the same arguments and result."""
     gone = Replaced([keep_out]) if keep_out else None
-    sel = [i for i, s in enumerate(steps) if start <= s <= end
-           and (replaced is None or not replaced.hides_at(offsets[i], s))
-           and (gone is None or not gone.hides(0, s))]
+    if replaced is None and gone is None and all(map(le, steps, islice(steps, 1, None))):
+        # Steps in order (one segment, no rollback): the range is one stretch of rows.
+        sel: Sequence[int] = range(bisect_left(steps, start), bisect_right(steps, end))
+    else:
+        sel = [i for i, s in enumerate(steps) if start <= s <= end
+               and (replaced is None or not replaced.hides_at(offsets[i], s))
+               and (gone is None or not gone.hides(0, s))]
     exact = len(sel) <= points
     if not sel:
         return {}, exact
-    sel_steps = [steps[i] for i in sel]
-    if not all(map(le, sel_steps, sel_steps[1:])):
-        order = sorted(range(len(sel)), key=sel_steps.__getitem__)
-        sel = [sel[k] for k in order]
-        sel_steps = [sel_steps[k] for k in order]
-    flagged = {k for k, i in enumerate(sel) if flags[i]} if any(flags) else set()
-    contiguous = sel[-1] - sel[0] + 1 == len(sel) and all(map(le, sel, sel[1:]))
+    if isinstance(sel, range):
+        sel_steps = list(steps[sel.start:sel.stop])
+        contiguous = True
+        marked = any(flags[sel.start:sel.stop])
+    else:
+        sel_steps = [steps[i] for i in sel]
+        if not all(map(le, sel_steps, sel_steps[1:])):
+            order = sorted(range(len(sel)), key=sel_steps.__getitem__)
+            sel = [sel[k] for k in order]
+            sel_steps = [sel_steps[k] for k in order]
+        contiguous = sel[-1] - sel[0] + 1 == len(sel) and all(map(le, sel, sel[1:]))
+        marked = any(flags)
+    flagged = {k for k, i in enumerate(sel) if flags[i]} if marked else set()
     series: dict[str, tuple[list[int], list[float]]] = {}
     for name, (first, values) in columns.items():
         bits = array("Q", values.tobytes())
