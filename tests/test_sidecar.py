@@ -319,3 +319,24 @@ def test_a_kill_9_while_the_sidecar_is_written_leaves_a_usable_state(tmp_path: P
     assert_same_answers(run, path)
     run.close()
     assert _restored(path).restored == path.stat().st_size
+
+
+def test_gradmon_serve_stopped_by_sigterm_checkpoints_what_it_read(tmp_path: Path):
+    path = make_run(tmp_path, "t", 2000)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "gradmon", "serve", str(tmp_path), "--port", "0"],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        url = next(line.split()[-1] for line in proc.stdout if line.startswith("gradmon: open "))
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        wait_for(lambda: get_json(port, "/api/runs")[1]["runs"][0]["last_step"] == 2000)
+        append(path, [step(i) for i in range(2001, 2300)])  # read after the backlog's checkpoint
+        wait_for(lambda: get_json(port, "/api/runs")[1]["runs"][0]["last_step"] == 2299)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    run = Run("r", str(path))
+    assert run.restored == path.stat().st_size
+    drain(run)
+    assert_same_answers(run, path)

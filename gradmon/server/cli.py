@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 
 __all__ = ["add_parser", "run_serve"]
@@ -74,6 +75,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     # Each WebSocket client holds a descriptor: raise the soft limit towards the hard one first.
     print(f"gradmon: {raise_open_files_limit().describe()}", flush=True)
+    # A SIGTERM stops the server as Ctrl-C does: closed in order (each run's index checkpointed into
+    # its sidecar, so the next start restores it instead of re-indexing).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         asyncio.run(serve(args.logdir, args.host, args.port, args.token, ready=ready, alerts=alerts))
     except KeyboardInterrupt:
@@ -81,4 +85,10 @@ def run_serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"gradmon serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt

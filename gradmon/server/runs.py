@@ -231,10 +231,11 @@ class Run:
             batch = Batch(self.tailer.gen, prev, self.tailer.offset, self.lines_to_send(parsed, derived),
                           self.index.status_records != marks_status,
                           splice(parsed.records, parsed.offsets, derived, attrgetter("event")))
+        backlog_read = self.indexing and not res.more
         if not res.more:
             self.indexing = False
         if self.sidecar is not None:
-            self.checkpoint()
+            self.checkpoint(force=backlog_read)
         return res.reset, batch, res.more
 
     @staticmethod
