@@ -340,3 +340,19 @@ def test_gradmon_serve_stopped_by_sigterm_checkpoints_what_it_read(tmp_path: Pat
     assert run.restored == path.stat().st_size
     drain(run)
     assert_same_answers(run, path)
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_a_checkpoint_is_written_by_a_child_or_where_there_is_no_fork_in_the_process(tmp_path: Path,
+                                                                                  monkeypatch, fork: bool):
+    from gradmon.server import sidecar
+
+    if not fork:
+        monkeypatch.setattr(sidecar, "_fork", lambda: -1)
+    path = make_run(tmp_path, "c", 1500)
+    run = _restored(path)  # the backlog read: its checkpoint started
+    assert (run.sidecar._child is not None) == (fork and hasattr(os, "fork"))
+    run.close()  # waits for it
+    again = _restored(path)
+    assert again.restored == path.stat().st_size
+    assert_same_answers(again, path)

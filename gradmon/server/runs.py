@@ -175,12 +175,15 @@ class Run:
         behind = self.offset - max(sc.checkpointed, 0)
         due = (force or sc.checkpointed < 0 or behind >= CHECKPOINT_BYTES
                or now - self._checkpoint_time >= CHECKPOINT_S)
-        if due and (not self.indexing or behind >= CHECKPOINT_BYTES):
+        if due and (not self.indexing or behind >= CHECKPOINT_BYTES) and sc.reap():
+            # (reap: the previous checkpoint is written; while it is not, the next poll tries again)
             self._checkpoint_time = now
             self._with_sidecar(sc.checkpoint, self.index, self.path, self.offset)
 
     def close(self) -> None:
         """Checkpoint what was read since the last checkpoint and release the sidecar."""
+        if self.sidecar is not None:
+            self.sidecar.reap(wait=True)  # so that this last checkpoint is not skipped
         self.checkpoint(force=True)
         if self.sidecar is not None:
             self.sidecar.close()

@@ -35,6 +35,7 @@ import mmap
 import os
 import pickle
 import sys
+import warnings
 import zlib
 from array import array
 from bisect import bisect_left
@@ -102,6 +103,18 @@ _ALLOWED = {
     ("gradmon.logformat.alarms", "AlarmConfig"), ("gradmon.logformat.alarms", "AlarmRule"),
     ("gradmon.logformat.alarms", "RunningBaseline"), ("gradmon.logformat.alarms", "_Incident"),
 }
+
+
+def _fork() -> int:
+    """``os.fork()``; -1 where there is none (or it fails)."""
+    if not hasattr(os, "fork"):
+        return -1
+    try:
+        with warnings.catch_warnings():  # (3.12+: a warning about threads; the child only writes a file)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return os.fork()
+    except OSError:
+        return -1
 
 
 class _Unpickler(pickle.Unpickler):
@@ -174,6 +187,8 @@ class Sidecar:
         self._fds: dict[str, int] = {}
         self._pending: dict[str, list[bytes]] = {}  # appended rows not written yet, per file
         self._pending_bytes = 0
+        self.background = True  # checkpoints written by a forked child where possible
+        self._child: int | None = None  # the child writing a checkpoint
 
     @classmethod
     def open(cls, log_path: str) -> Sidecar | None:
@@ -286,23 +301,58 @@ class Sidecar:
         self._add("rows.flags", bytes(rows.flags))
         self.rows += n
 
-    def checkpoint(self, index: Any, log_path: str, size: int) -> None:
+    def checkpoint(self, index: Any, log_path: str, size: int) -> bool:
         """Write the checkpoint of ``index``, which covers the log's first ``size`` bytes (a line
-        boundary), atomically (raises ``OSError`` when it cannot)."""
+        boundary), atomically; ``False`` when the previous one is still being written (then try
+        later). Raises ``OSError`` when it cannot.
+
+        Pickling a big run's index takes ~50-100 ms, too long for the event loop (live pushes
+        wait for it), and the GIL makes a thread no better: where the platform can, a forked child
+        (a copy-on-write snapshot of the index) writes it while the server goes on."""
+        if not self.reap():
+            return False
         digest = _log_digest(log_path, size)
         if digest is None:
-            return  # the log shrank under us: the next poll resets everything
+            return True  # the log shrank under us: the next poll resets everything
         self.flush()  # the columns first: a checkpoint never counts rows that are not on disk
-        payload = pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
         head = {"format": FORMAT, "size": size, "head": digest[0], "tail": digest[1], "rows": self.rows,
-                "columns": self.columns, "complete": self.complete, "seen": sorted(self.seen),
-                "crc": zlib.crc32(payload)}
+                "columns": self.columns, "complete": self.complete, "seen": sorted(self.seen)}
+        pid = _fork() if self.background else -1
+        if pid > 0:
+            self._child = pid
+        elif pid == 0:  # the child
+            code = 1
+            try:
+                self._write_state(index, head)
+                code = 0
+            finally:
+                os._exit(code)
+        else:  # no fork here: in this process
+            self._write_state(index, head)
+        self.checkpointed = size
+        return True
+
+    def _write_state(self, index: Any, head: dict[str, Any]) -> None:
+        payload = pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
+        head = {**head, "crc": zlib.crc32(payload)}
         tmp = os.path.join(self.path, "state.tmp")
         with open(tmp, "wb") as f:
             f.write(json.dumps(head).encode() + b"\n")
             f.write(payload)
         os.replace(tmp, os.path.join(self.path, "state"))
-        self.checkpointed = size
+
+    def reap(self, wait: bool = False) -> bool:
+        """Whether no checkpoint is being written by a child (``wait``: until it is done)."""
+        if self._child is None:
+            return True
+        try:
+            pid, _status = os.waitpid(self._child, 0 if wait else os.WNOHANG)
+        except ChildProcessError:
+            pid = self._child
+        if pid == 0:
+            return False
+        self._child = None
+        return True
 
     def ref(self) -> ColumnsRef | None:
         """What a history job needs to read rows (``None`` when some key has no column); the rows
@@ -319,7 +369,8 @@ class Sidecar:
         self._fds = {}
 
     def close(self) -> None:
-        """Close the files and release the lock."""
+        """Close the files and release the lock (after a checkpoint being written is done)."""
+        self.reap(wait=True)
         self._close_files()
         if self._lock_fd >= 0:
             with contextlib.suppress(OSError):
