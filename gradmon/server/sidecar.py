@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import io
 import json
 import logging
 import mmap
@@ -103,6 +102,14 @@ _ALLOWED = {
     ("gradmon.logformat.alarms", "AlarmConfig"), ("gradmon.logformat.alarms", "AlarmRule"),
     ("gradmon.logformat.alarms", "RunningBaseline"), ("gradmon.logformat.alarms", "_Incident"),
 }
+
+
+def _crc_of_rest(f: Any, chunk: int = 1 << 20) -> int:
+    """CRC-32 of a file from its position to its end, a chunk at a time."""
+    crc = 0
+    while data := f.read(chunk):
+        crc = zlib.crc32(data, crc)
+    return crc
 
 
 def _fork() -> int:
@@ -215,19 +222,20 @@ class Sidecar:
         try:
             with open(os.path.join(self.path, "state"), "rb") as f:
                 head = json.loads(f.readline())
-                payload = f.read()
-            if head.get("format") != FORMAT or zlib.crc32(payload) != head["crc"]:
-                return None
-            size, rows = int(head["size"]), int(head["rows"])
-            if _log_digest(log_path, size) != (head["head"], head["tail"]):
-                return None  # the log changed (rewritten, truncated) since: stale
-            columns = {str(k): (int(v[0]), int(v[1])) for k, v in head["columns"].items()}
-            lengths = [(f"rows.{n}", rows * array(tc).itemsize) for n, tc in _ROW_FILES]
-            lengths += [(f"col.{num}", (rows - first) * 8) for num, first in columns.values()]
-            for name, want in lengths:
-                if os.path.getsize(os.path.join(self.path, name)) < want:
-                    return None  # a column shorter than the checkpoint: damaged
-            index = _Unpickler(io.BytesIO(payload)).load()
+                start = f.tell()
+                if head.get("format") != FORMAT or _crc_of_rest(f) != head["crc"]:
+                    return None
+                size, rows = int(head["size"]), int(head["rows"])
+                if _log_digest(log_path, size) != (head["head"], head["tail"]):
+                    return None  # the log changed (rewritten, truncated) since: stale
+                columns = {str(k): (int(v[0]), int(v[1])) for k, v in head["columns"].items()}
+                lengths = [(f"rows.{n}", rows * array(tc).itemsize) for n, tc in _ROW_FILES]
+                lengths += [(f"col.{num}", (rows - first) * 8) for num, first in columns.values()]
+                for name, want in lengths:
+                    if os.path.getsize(os.path.join(self.path, name)) < want:
+                        return None  # a column shorter than the checkpoint: damaged
+                f.seek(start)
+                index = _Unpickler(f).load()  # from the file: the payload is never held whole
             from gradmon.server.index import RunIndex
 
             if not isinstance(index, RunIndex):
