@@ -349,6 +349,7 @@ def test_a_checkpoint_is_written_by_a_child_or_where_there_is_no_fork_in_the_pro
 
     if not fork:
         monkeypatch.setattr(sidecar, "_fork", lambda: -1)
+    monkeypatch.setattr(sidecar.Sidecar, "background", True)
     path = make_run(tmp_path, "c", 1500)
     run = _restored(path)  # the backlog read: its checkpoint started
     assert (run.sidecar._child is not None) == (fork and hasattr(os, "fork"))

@@ -104,6 +104,14 @@ _ALLOWED = {
 }
 
 
+def _size(path: str) -> int:
+    """A file's size; 0 when it does not exist (no row written yet)."""
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
+
+
 def _crc_of_rest(f: Any, chunk: int = 1 << 20) -> int:
     """CRC-32 of a file from its position to its end, a chunk at a time."""
     crc = 0
@@ -145,6 +153,8 @@ def read_rows(ref: ColumnsRef, byte_lo: int, byte_hi: int,
               ) -> tuple[array, array, bytes, dict[str, tuple[int, array]]]:
     """The rows whose lines start in ``[byte_lo, byte_hi)``: steps, offsets, flags and per key
     ``(first position, values)`` as ``columns.series_from_columns`` takes them."""
+    if ref.rows == 0:
+        return array("q"), array("q"), b"", {}
     with open(os.path.join(ref.path, "rows.offset"), "rb") as f:
         size = min(os.fstat(f.fileno()).st_size // 8, ref.rows)
         if size == 0:
@@ -183,6 +193,12 @@ def _read_span(ref: ColumnsRef, r0: int, r1: int) -> tuple[array, array, bytes, 
 class Sidecar:
     """The sidecar of one log, locked by this server (see the module docstring)."""
 
+    # Checkpoints written by a forked child (where the platform forks). Off: on the shared 2-core
+    # machine of benchmarks/RESULTS.md the live pushes' p99 while a big run was indexed was ~0.4 s
+    # with it (3 runs of benchmarks.server_stress) and ~0.1 s without, though the fork itself costs
+    # the caller 2-20 ms (the copy-on-write faults that follow, presumably: not understood yet).
+    background = False
+
     def __init__(self, path: str, lock_fd: int) -> None:
         self.path = path
         self._lock_fd = lock_fd
@@ -194,7 +210,6 @@ class Sidecar:
         self._fds: dict[str, int] = {}
         self._pending: dict[str, list[bytes]] = {}  # appended rows not written yet, per file
         self._pending_bytes = 0
-        self.background = True  # checkpoints written by a forked child where possible
         self._child: int | None = None  # the child writing a checkpoint
 
     @classmethod
@@ -232,7 +247,7 @@ class Sidecar:
                 lengths = [(f"rows.{n}", rows * array(tc).itemsize) for n, tc in _ROW_FILES]
                 lengths += [(f"col.{num}", (rows - first) * 8) for num, first in columns.values()]
                 for name, want in lengths:
-                    if os.path.getsize(os.path.join(self.path, name)) < want:
+                    if _size(os.path.join(self.path, name)) < want:
                         return None  # a column shorter than the checkpoint: damaged
                 f.seek(start)
                 index = _Unpickler(f).load()  # from the file: the payload is never held whole
@@ -241,7 +256,8 @@ class Sidecar:
             if not isinstance(index, RunIndex):
                 return None
             for name, want in lengths:  # rows after the checkpoint are read again from the log
-                os.truncate(os.path.join(self.path, name), want)
+                if want or _size(os.path.join(self.path, name)):
+                    os.truncate(os.path.join(self.path, name), want)
         except Exception as exc:  # any damage at all: rebuild from the log
             log.info("index sidecar of %s not used (%s: %s): re-indexing", log_path, type(exc).__name__, exc)
             return None
@@ -314,9 +330,9 @@ class Sidecar:
         boundary), atomically; ``False`` when the previous one is still being written (then try
         later). Raises ``OSError`` when it cannot.
 
-        Pickling a big run's index takes ~50-100 ms, too long for the event loop (live pushes
-        wait for it), and the GIL makes a thread no better: where the platform can, a forked child
-        (a copy-on-write snapshot of the index) writes it while the server goes on."""
+        Pickling a big run's index takes ~50-100 ms for 2M steps, on the event loop (the GIL
+        makes a thread no better), so checkpoints are rare (runs.py). With ``background`` set, a
+        forked child (a copy-on-write snapshot of the index) writes it while the server goes on."""
         if not self.reap():
             return False
         digest = _log_digest(log_path, size)
