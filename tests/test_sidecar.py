@@ -321,11 +321,12 @@ def test_a_kill_9_while_the_sidecar_is_written_leaves_a_usable_state(tmp_path: P
     assert _restored(path).restored == path.stat().st_size
 
 
-def test_gradmon_serve_stopped_by_sigterm_checkpoints_what_it_read(tmp_path: Path):
+@pytest.mark.parametrize("option", [None, "--no-index-sidecar"])
+def test_gradmon_serve_stopped_by_sigterm_checkpoints_what_it_read(tmp_path: Path, option):
     path = make_run(tmp_path, "t", 2000)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "gradmon", "serve", str(tmp_path), "--port", "0"],
-                            stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "gradmon", "serve", str(tmp_path), "--port", "0",
+                             *([option] if option else [])], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
         url = next(line.split()[-1] for line in proc.stdout if line.startswith("gradmon: open "))
@@ -336,6 +337,9 @@ def test_gradmon_serve_stopped_by_sigterm_checkpoints_what_it_read(tmp_path: Pat
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+    if option:  # in memory only: nothing written beside the log
+        assert not Path(sidecar_dir(str(path))).exists()
+        return
     run = Run("r", str(path))
     assert run.restored == path.stat().st_size
     drain(run)
