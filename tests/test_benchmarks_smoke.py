@@ -240,3 +240,14 @@ def test_index_alarms_smoke_measures_the_rule_against_the_plain_ingest(tmp_path)
     result = json.loads((tmp_path / "index_alarms.json").read_text())
     assert result["records"] == 20_004 and result["derived_events"] == 4  # 2 spikes: alarm + alarm_end each
     assert result["plain_s"] > 0 and result["rule_s"] > 0 and math.isfinite(result["ratio"])
+
+
+def test_bigruns_smoke_measures_a_cold_and_a_warm_start(tmp_path):
+    from benchmarks.bigruns import run
+
+    out = run(5_000, None, rounds=1, fetches=2, out_dir=str(tmp_path), log=lambda m: None)
+    cold, warm = out["starts"]
+    assert cold["cold"] and not warm["cold"]
+    for s in (cold, warm):
+        assert s["cursor_is_the_file"] and s["zoom_points"] == 50 and s["zoom_exact"] is True
+        assert math.isfinite(s["zoom_p99_ms"]) and s["rss_mb"] > 0 and s["sidecar_mb"] > 0

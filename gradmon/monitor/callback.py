@@ -151,9 +151,12 @@ class LiveMonitor(Callback):
 
     def _open_segment(self, initial_step: int | None, steps_per_epoch: int | None,
                       steps_per_epoch_unknown: str | None, batch_size: int | None, *,
-                      steps_run: int = 0, initial_step_from: str | None = None) -> None:
+                      steps_run: int = 0, initial_step_from: str | None = None,
+                      **segment_options: Any) -> None:
         """``steps_run``: steps already done in this segment (``after_step`` opens it after the
-        loop's first step, which the training state then counts already)."""
+        loop's first step, which the training state then counts already). ``initial_step_from``:
+        where a given ``initial_step`` came from; ``segment_options``: :class:`Segment`'s optional
+        arguments (a trainer adapter's pipeline stages, samples per step, header fields)."""
         if self._started:
             return
         if initial_step is None:
@@ -168,7 +171,7 @@ class LiveMonitor(Callback):
             initial_step_from=source, steps_per_epoch=steps_per_epoch,
             steps_per_epoch_unknown=steps_per_epoch_unknown,
             batch_size=batch_size if batch_size is not None else self.settings.batch_size,
-            on_stop=self._request_stop,
+            on_stop=self._request_stop, **segment_options,
         )
         self._started, self._epoch_offset = True, None
         self._segment_args = (steps_per_epoch, steps_per_epoch_unknown, batch_size)
@@ -217,7 +220,13 @@ class LiveMonitor(Callback):
         assert self._segment is not None, "no segment open"
         return self._segment.logger
 
-    def on_train_begin(self, run_context: Any) -> None:
+    def on_train_begin(self, run_context: Any, *args: Any, **kwargs: Any) -> None:
+        if args or kwargs:  # mindformers 2.x's PyNative Trainer: on_train_begin(config, state, model=...)
+            raise TypeError("LiveMonitor is a MindSpore Callback; mindformers' PyNative Trainer calls "
+                            "TrainerCallback hooks: use "
+                            "gradmon.integrations.mindformers.MindFormersLiveMonitor "
+                            "(YAML: callbacks: [{type: LiveMonitor}]) or "
+                            "gradmon.integrations.trainer_callback.TrainerLiveMonitor")
         cb = run_context.original_args()
         self.attach(cb.train_network, cb.get("optimizer"))
         if self._started and self._logger.step > self._segment.initial_step:
