@@ -41,7 +41,8 @@ from .layer_stats import TOP_LAYERS, forensics_columns, forensics_fields, ring_s
 class StepRing(nn.Cell):
     """``size`` rows of ``width`` values and a write counter: ``construct(row)`` writes the row of
     the next step (row ``writes % size``) and bumps the counter (one scatter, one add). Each ring
-    counts its own writes, once per step, so the three rings of a cell agree on the steps."""
+    counts its own writes, once per step, so the three rings of a cell agree on the steps (the
+    sample-id ring under gradient accumulation writes once per micro-batch: see :class:`SampleIdRing`)."""
 
     def __init__(self, size: int, width: int, dtype: Any, name: str) -> None:
         super().__init__(auto_prefix=False)
