@@ -28,7 +28,7 @@ from .norm_ops import clip_coefficient, scale_grads
 from .norm_strategies import GlobalNorm
 from .options import StepOptions, check_stock_arguments
 from .parallel import read_parallel_setup
-from .spike import zclip_update
+from .spike import initial_state, zclip_update
 
 
 class _SkipUpdate(nn.Cell):
@@ -116,6 +116,7 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
         self.spike_warmup = spike.warmup
         self.spike_alpha = spike.alpha
         self.spike_z = spike.z_threshold
+        self.spike_early = spike.early_rule()
         self.clips = self.has_max_norm or self.spike_clip
         self.may_skip = self.skip_nonfinite or self.spike_skip
         # Clipping without loss scaling inside the skip switch (see _monitored_update). With loss
@@ -147,8 +148,8 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
                                                     per_tensor=False, scaled=loss_scale, local=True)
 
         if self.spike_on:
-            # [finite steps seen, mean, variance] of the detector, one vector: one read, one write.
-            self.spike_state = Parameter(Tensor(np.zeros(3, np.float32)), name="gradmon_spike_state",
+            # [finite steps seen, mean, variance, early ring] of the detector: one read, one write.
+            self.spike_state = Parameter(Tensor(initial_state(spike)), name="gradmon_spike_state",
                                          requires_grad=False)
         if layer_stats:
             self.layer_sq = Parameter(Tensor(np.zeros(len(self.weight_names), np.float32)),
@@ -208,7 +209,7 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
         target = norm
         if self.spike_on:
             zscore, spike, target, state = zclip_update(norm, finite, self.spike_state, self.spike_warmup,
-                                                        self.spike_alpha, self.spike_z)
+                                                        self.spike_alpha, self.spike_z, self.spike_early)
             ops.assign(self.spike_state, state)
 
         coef = self._one
