@@ -79,8 +79,12 @@ def summary(settings: list[dict[str, Any]], converged: dict[str, Any] | None) ->
 
 
 def render_targets(before: dict[str, Any], after: dict[str, Any]) -> str:
+    def one(value: Any, fmt: str) -> str:
+        missing = value is None or (isinstance(value, float) and math.isnan(value))
+        return "—" if missing else format(value, fmt)
+
     def pair(key: str, fmt: str = ".2f") -> list[str]:
-        return [format(before.get(key, math.nan), fmt), format(after.get(key, math.nan), fmt)]
+        return [one(before.get(key), fmt), one(after.get(key), fmt)]
 
     def frac(key: str) -> list[str]:
         return [f"{before[key][0]}/{before[key][1]}", f"{after[key][0]}/{after[key][1]}"]

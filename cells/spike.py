@@ -39,9 +39,10 @@ class SpikeConfig:
     ``mode``: ``"off"`` (no detector), ``"detect"`` (flag only), ``"clip"`` (scale the step's
     gradients to the reciprocal ZClip target, combined with a fixed ``max_norm`` as the smaller
     target) or ``"skip"`` (do not apply the step's update).
-    ``warmup``: finite steps that only gather statistics (50; ZClip's paper: 25).
+    ``warmup``: finite steps that gather the EMA's statistics while the early rule judges (100;
+    ZClip's paper: 25, undefended).
     ``alpha``: EMA decay of mean and variance (0.99, a ~100-step memory; ZClip: 0.97).
-    ``z_threshold``: z-score above which a norm is a spike (5.0; ZClip: 2.5).
+    ``z_threshold``: z-score above which a norm is a spike (5.5; ZClip: 2.5).
     ``early_window``: log-norms in the ring of the early rule, which judges during the warm-up
     (16; 0: no early rule, the warm-up is undefended as in ZClip). ``early_min``: finite norms
     before it judges (4: from the 5th step on). A norm is an early spike when its log is above
@@ -51,13 +52,13 @@ class SpikeConfig:
     never a spike, in either rule (a converged run's float noise; needs the early ring).
 
     The defaults are measured (docs/cells.md, "Why these defaults"): ZClip's own flag 3-6 % of the
-    ordinary steps of small-data CPU runs; these flag at most 0.6 % after the warm-up.
+    ordinary steps of small-data CPU runs; these flag at most 0.1 % after step 10.
     """
 
     mode: str = "off"
-    warmup: int = 50
+    warmup: int = 100
     alpha: float = 0.99
-    z_threshold: float = 5.0
+    z_threshold: float = 5.5
     early_window: int = EARLY_WINDOW
     early_min: int = EARLY_MIN
     early_z: float = EARLY_Z

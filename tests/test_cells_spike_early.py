@@ -14,7 +14,7 @@ from tests import parity_util
 
 mode = parity_util.mode  # the GRAPH / PYNATIVE fixture
 
-FAULT_STEP = 8  # <= 10: inside the EMA's warm-up (default spike_warmup=50)
+FAULT_STEP = 8  # <= 10: inside the EMA's warm-up (default spike_warmup=100)
 LR = 0.01
 
 
