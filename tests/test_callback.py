@@ -284,6 +284,11 @@ def test_invalid_arguments(tmp_path):
             LiveMonitor(tmp_path / "m.jsonl", **bad)
     with pytest.raises(TypeError, match="on_event"):
         LiveMonitor(tmp_path / "m.jsonl", on_event="print")
+    # A misspelt option is named with the known ones (MonitorSettings.from_kwargs, as StepOptions does).
+    unexpected = r"LiveMonitor got unexpected option\(s\) 'abort_afterr'.*abort_after"
+    with pytest.raises(TypeError, match=unexpected):
+        LiveMonitor(tmp_path / "m.jsonl", abort_afterr=3)
+    assert not (tmp_path / "m.jsonl").exists()  # nothing opened before the options were checked
 
 
 def test_on_event_gets_every_event_written_and_its_failure_never_stops_training(tmp_path, caplog):

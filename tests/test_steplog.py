@@ -12,9 +12,19 @@ import types
 import numpy as np
 
 from gradmon.logformat.alarms import AlarmConfig, AlarmRule
+from gradmon.monitor.settings import MonitorSettings
 from gradmon.monitor.steplog import StepLogger
 
 FIELDS = ("loss", "grad_norm", "skipped", "nonfinite")
+
+
+SETTING_NAMES = ("log_interval", "abort_after", "on_event", "layer_stats_every", "layer_top_k")
+
+
+def logger_of(sinks, **kwargs) -> StepLogger:
+    """A StepLogger whose monitor options (the MonitorSettings it reads) come from ``kwargs`` too."""
+    options = {name: kwargs.pop(name) for name in SETTING_NAMES if name in kwargs}
+    return StepLogger(sinks, MonitorSettings.from_kwargs("test", "unused.jsonl", **options), **kwargs)
 
 
 class Sink:
@@ -87,7 +97,7 @@ def test_one_read_per_interval_every_step_recorded_with_aligned_values():
     sink, cell, clock = Sink(), RingCell(), Clock()
     ref: list = []
     rates = Rates(ref)
-    logger = StepLogger([sink], log_interval=4, cell=cell, lr_reader=rates, samples_per_step=8, clock=clock)
+    logger = logger_of([sink], log_interval=4, cell=cell, lr_reader=rates, samples_per_step=8, clock=clock)
     ref.append(logger)
     run_steps(logger, cell, clock, 10)
     assert cell.reads == 2 and [r["step"] for r in sink.of("step")] == list(range(1, 9))
@@ -101,7 +111,7 @@ def test_one_read_per_interval_every_step_recorded_with_aligned_values():
 
 def test_plain_outputs_are_read_on_log_steps_only():
     sink, clock = Sink(), Clock()
-    logger = StepLogger([sink], log_interval=3, clock=clock)
+    logger = logger_of([sink], log_interval=3, clock=clock)
 
     class Poison:
         def __getattr__(self, name):
@@ -117,7 +127,7 @@ def test_plain_outputs_are_read_on_log_steps_only():
 def test_abort_is_placed_at_the_step_that_reached_the_limit_and_saves_first():
     sink, cell, clock = Sink(), RingCell(), Clock()
     calls: list[str] = []
-    logger = StepLogger([sink], log_interval=10, cell=cell, abort_after=3, clock=clock,
+    logger = logger_of([sink], log_interval=10, cell=cell, abort_after=3, clock=clock,
                         save_checkpoint=lambda: (calls.append("save"), ("/ckpt/a.ckpt", ""))[1],
                         on_stop=lambda: calls.append("stop"))
     run_steps(logger, cell, clock, 2)
@@ -140,7 +150,7 @@ def test_on_event_gets_copies_of_events_and_a_failing_hook_is_logged_once(caplog
         event["kind"] = "changed by user code"
         raise ValueError("user bug")
 
-    logger = StepLogger([sink], log_interval=1, cell=cell, on_event=hook, clock=clock)
+    logger = logger_of([sink], log_interval=1, cell=cell, on_event=hook, clock=clock)
     with caplog.at_level(logging.WARNING, logger="gradmon.monitor.callback"):
         run_steps(logger, cell, clock, 1, loss=math.nan)
         run_steps(logger, cell, clock, 1, norm=math.inf)
@@ -151,11 +161,11 @@ def test_on_event_gets_copies_of_events_and_a_failing_hook_is_logged_once(caplog
 
 def test_a_rank_without_writers_reads_only_for_the_abort_policy():
     cell, clock = RingCell(), Clock()
-    logger = StepLogger([], log_interval=2, cell=cell, clock=clock)
+    logger = logger_of([], log_interval=2, cell=cell, clock=clock)
     run_steps(logger, cell, clock, 4)
     assert cell.reads == 0 and logger.logged_step == 4
     stops: list[int] = []
-    logger = StepLogger([], log_interval=2, cell=cell, abort_after=1, clock=clock,
+    logger = logger_of([], log_interval=2, cell=cell, abort_after=1, clock=clock,
                         on_stop=lambda: stops.append(logger.step))
     cell.rows.clear()
     run_steps(logger, cell, clock, 2, loss=math.nan)
@@ -165,7 +175,7 @@ def test_a_rank_without_writers_reads_only_for_the_abort_policy():
 def test_sink_mode_epochs_and_data_time():
     # One callback per sink of 4 steps; the loop's epoch changes with the second sink.
     sink, cell, clock = Sink(), RingCell(), Clock()
-    logger = StepLogger([sink], log_interval=1, cell=cell, clock=clock)
+    logger = logger_of([sink], log_interval=1, cell=cell, clock=clock)
     for last, epoch in ((4, 1), (8, 2)):
         logger.step_begin()
         for _ in range(4):
@@ -182,7 +192,7 @@ def test_initial_step_and_layer_stats():
     sink, cell, clock = Sink(), RingCell(), Clock()
     cell.run()
     cell.run()  # two steps before this segment, restored with the cell
-    logger = StepLogger([sink], log_interval=2, initial_step=2, cell=cell, layer_stats_every=3, clock=clock)
+    logger = logger_of([sink], log_interval=2, initial_step=2, cell=cell, layer_stats_every=3, clock=clock)
     run_steps(logger, cell, clock, 6)
     assert [r["step"] for r in sink.of("step")] == [3, 4, 5, 6, 7, 8]
     assert [r["step"] for r in sink.of("layers")] == [4, 6]  # the first log step at or after 3 and 6
@@ -200,7 +210,7 @@ def test_failing_history_read_falls_back_to_the_outputs(caplog):
             raise RuntimeError("gone")
 
     cell = Broken()
-    logger = StepLogger([sink], log_interval=1, cell=cell, clock=clock)
+    logger = logger_of([sink], log_interval=1, cell=cell, clock=clock)
     for step in (1, 2):
         logger.step_end(step, (np.float32(1.0), np.float32(3.0)))
     assert cell.reads == 1 and [r["grad_norm"] for r in sink.of("step")] == [3.0, 3.0]
@@ -224,7 +234,7 @@ def test_alarm_events_follow_each_step_and_its_events_and_reach_on_event():
     sink, cell, clock = Sink(), RingCell(), Clock()
     seen: list[dict] = []
     rule = AlarmRule(AlarmConfig(window=8, min_history=4, quiet_steps=3))
-    logger = StepLogger([sink], log_interval=4, cell=cell, alarm_rule=rule, on_event=seen.append, clock=clock)
+    logger = logger_of([sink], log_interval=4, cell=cell, alarm_rule=rule, on_event=seen.append, clock=clock)
     run_steps(logger, cell, clock, 6, norm=1.0)
     run_steps(logger, cell, clock, 1, norm=50.0)  # step 7: 50x the median and the envelope
     run_steps(logger, cell, clock, 1, loss=math.nan)  # step 8 joins the incident
@@ -248,7 +258,7 @@ def test_an_abort_goes_through_the_rule_and_finish_ends_the_incident_once():
     # Skipped updates (e.g. the spike rule's) with finite values: the rule flags none of them, so
     # the abort opens the incident itself, right after the abort event.
     sink, cell, clock = Sink(), RingCell(), Clock()
-    logger = StepLogger([sink], log_interval=1, cell=cell, abort_after=2, alarm_rule=AlarmRule(), clock=clock)
+    logger = logger_of([sink], log_interval=1, cell=cell, abort_after=2, alarm_rule=AlarmRule(), clock=clock)
     run_steps(logger, cell, clock, 3)
     run_steps(logger, cell, clock, 2, skipped=True)
     kinds = _kinds(sink)
@@ -265,7 +275,7 @@ def test_an_abort_goes_through_the_rule_and_finish_ends_the_incident_once():
 
 def test_an_abort_joins_the_open_incident():
     sink, cell, clock = Sink(), RingCell(), Clock()
-    logger = StepLogger([sink], log_interval=3, cell=cell, abort_after=3, alarm_rule=AlarmRule(), clock=clock)
+    logger = logger_of([sink], log_interval=3, cell=cell, abort_after=3, alarm_rule=AlarmRule(), clock=clock)
     run_steps(logger, cell, clock, 3, loss=math.nan)
     logger.finish()
     events = [(e["kind"], e["step"]) for e in sink.of("event")]
@@ -277,7 +287,7 @@ def test_an_abort_joins_the_open_incident():
 def test_hand_logged_steps_pass_the_rule_and_without_a_rule_nothing_alarms():
     for rule in (AlarmRule(), None):
         sink = Sink()
-        logger = StepLogger([sink], alarm_rule=rule)
+        logger = logger_of([sink], alarm_rule=rule)
         logger.log_step(1, {"loss": 1.0})
         logger.log_step(2, {"loss": math.inf})
         logger.finish()
@@ -288,6 +298,6 @@ def test_hand_logged_steps_pass_the_rule_and_without_a_rule_nothing_alarms():
 def test_a_rank_without_writers_does_not_run_the_rule():
     cell, clock = RingCell(), Clock()
     rule = AlarmRule()
-    logger = StepLogger([], log_interval=1, cell=cell, abort_after=1, alarm_rule=rule, clock=clock)
+    logger = logger_of([], log_interval=1, cell=cell, abort_after=1, alarm_rule=rule, clock=clock)
     run_steps(logger, cell, clock, 1, loss=math.nan)
     assert logger.aborted and rule.incident is None

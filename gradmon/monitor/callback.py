@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any
 
 from mindspore.train import Callback
 
-from gradmon.logformat.alarms import AlarmConfig
 from gradmon.logformat.jsonl import to_jsonable
 from gradmon.logformat.schema import FLAG_FIELDS
 from gradmon.monitor.outputs import parse_step_outputs, to_float, to_host
 from gradmon.monitor.records import eval_metrics, resumed_epoch_offset
-from gradmon.monitor.segment import MonitorSettings, Segment, rank_log_path
+from gradmon.monitor.segment import Segment, rank_log_path
+from gradmon.monitor.settings import MonitorSettings
 from gradmon.monitor.steplog import StepLogger
 from gradmon.monitor.training_state import batch_size, epoch_length, restored_step
 
@@ -71,65 +70,20 @@ class LiveMonitor(Callback):
             created; the file is appended to, so a restarted run adds a new segment. One writer
             per log: a second one raises :class:`gradmon.monitor.writelock.LogInUseError`.
         log_interval: read the device on steps that are multiples of this (and before an
-            evaluation and at the end). With a device history (``MonitoredTrainStep(history_size
-            >= log_interval)``) every step still gets a record; else only the steps read do.
-        config: the user's settings, written into the header.
-        batch_size: samples per step on one rank, when the dataset cannot tell
-            (``train_dataset.get_batch_size()`` is used otherwise). Throughput is global:
-            ``batch_size * world_size / step_time``.
-        per_rank: every rank also writes ``metrics.rank<N>.jsonl`` beside ``log_file`` (rank 0
-            still writes ``log_file``). By default only rank 0 writes.
-        system_metrics, system_interval: sample host CPU, RSS and device memory every
-            ``system_interval`` seconds on a background thread (``system`` records).
-        abort_after: stop training after this many consecutive bad steps (docs/format.md: a
-            loss-scale overflow counts only at the minimum scale). Every rank evaluates it, so
-            data-parallel ranks stop together (``MonitoredTrainStep``'s flags agree across ranks).
-        abort_checkpoint: on abort, rank 0 first saves the train network's parameters
-            (optimizer state included) here, unless they are non-finite.
-        layer_stats_every, layer_top_k: every N steps write a ``layers`` record from the step
-            cell's ``gradmon_layer_stats(top_k=...)`` when it has one.
-        initial_step: the last step done before this run segment. Default: from the restored
-            training state (the step cell's device step counter, else the optimizer's
-            ``global_step``), so a run resumed from a checkpoint continues its numbering.
-        on_event: called with every ``event`` record the monitor writes (``nonfinite``, ``skip``,
-            ``spike``, ``abort``, ``alarm``, ``alarm_end``, ...), on the training thread; an
-            exception in it is logged once.
-        retry_initial: first back-off (seconds) before reopening an unwritable log.
-        alarms: run the alarm rule (:class:`gradmon.logformat.alarms.AlarmRule`, docs/format.md "Alarms")
-            over every step record and write its ``alarm`` / ``alarm_end`` events, one rule per
-            segment, named in the header (``alarm_rule``). False: readers judge the log.
-        alarm_config: the rule's thresholds: an :class:`gradmon.logformat.alarms.AlarmConfig` or a dict of
-            some of its fields, e.g. ``{"quiet_steps": 20}`` (default: ``AlarmConfig()``).
+            evaluation and at the end).
+        **options: the monitor's other options, each described in
+            :class:`~gradmon.monitor.settings.MonitorSettings` (``config``, ``batch_size``,
+            ``per_rank``, ``system_metrics``, ``abort_after``, ``abort_checkpoint``,
+            ``layer_stats_every``, ``initial_step``, ``on_event``, ``alarms``, ``alarm_config``...);
+            validated once into :attr:`settings`. An unknown name raises ``TypeError`` listing them.
 
     Hand-written loops: see the module docstring (``log``, ``attach`` + ``after_step``, ``close``).
     """
 
-    def __init__(
-        self,
-        log_file: str | os.PathLike[str],
-        log_interval: int = 1,
-        *,
-        config: Mapping[str, Any] | None = None,
-        batch_size: int | None = None,
-        per_rank: bool = False,
-        system_metrics: bool = False,
-        system_interval: float = 5.0,
-        abort_after: int | None = None,
-        abort_checkpoint: str | os.PathLike[str] | None = None,
-        layer_stats_every: int = 0,
-        layer_top_k: int = 10,
-        initial_step: int | None = None,
-        on_event: Callable[[dict[str, Any]], Any] | None = None,
-        retry_initial: float = 1.0,
-        alarms: bool = True,
-        alarm_config: AlarmConfig | Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, log_file: str | os.PathLike[str], log_interval: int = 1, **options: Any) -> None:
         super().__init__()
-        self.settings = MonitorSettings(
-            log_file_path(log_file), log_interval, config or {}, batch_size, per_rank, system_metrics,
-            system_interval, abort_after, abort_checkpoint, layer_stats_every, layer_top_k, initial_step,
-            on_event, retry_initial, alarms=alarms, alarm_config=alarm_config,
-        )
+        self.settings = MonitorSettings.from_kwargs(type(self).__name__, log_file_path(log_file),
+                                                    log_interval=log_interval, **options)
         self._cell: Any = None
         self._optimizer: Any = None
         self._segment: Segment | None = None  # the open (or last) segment

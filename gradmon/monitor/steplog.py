@@ -32,6 +32,7 @@ from gradmon.monitor.records import (
     skipped_mask,
     step_records,
 )
+from gradmon.monitor.settings import MonitorSettings
 
 __all__ = ["RecordSink", "StepLogger"]
 
@@ -54,19 +55,20 @@ class StepLogger:
 
     Args:
         sinks: the writers (none on a rank that writes nothing).
-        log_interval: read the device when the step count reaches a multiple of this.
+        settings: the monitor's options; read here: ``log_interval`` (read the device when the step
+            count reaches a multiple of it), ``abort_after`` (stop after this many consecutive bad
+            steps, :func:`gradmon.monitor.records.abort_vote`), ``on_event`` (called with a copy of
+            every ``event`` record written; exceptions are logged once), ``layer_stats_every`` and
+            ``layer_top_k`` (a ``layers`` record every N steps from ``cell.gradmon_layer_stats``).
         initial_step: the last step before this segment (the next step is ``initial_step + 1``).
         epoch: the epoch the segment starts in.
         cell: the step cell, for ``gradmon_read_history`` / ``gradmon_layer_stats`` when it has them.
         lr_reader: ``values(n, skipped) -> [rate, ...]`` of the last ``n`` steps
             (``gradmon.monitor.lr.LrReader``).
         samples_per_step: samples per step over all ranks, for ``throughput``.
-        abort_after: stop after this many consecutive bad steps (:func:`gradmon.monitor.records.abort_vote`).
         overflow_floor: the loss scale at or below which an overflow counts toward ``abort_after``.
-        on_event: called with a copy of every ``event`` record written (exceptions are logged once).
         save_checkpoint: called on abort; returns ``(path or None, note for the message)``.
         on_stop: called when the abort policy fires (e.g. ``run_context.request_stop``).
-        layer_stats_every, layer_top_k: a ``layers`` record every N steps from ``cell.gradmon_layer_stats``.
         alarm_rule: judges every step record written and every ``abort``; its ``alarm`` /
             ``alarm_end`` events are written too (None: no alarms). :meth:`finish` ends it.
     """
@@ -74,40 +76,37 @@ class StepLogger:
     def __init__(
         self,
         sinks: Sequence[RecordSink],
+        settings: MonitorSettings,
         *,
-        log_interval: int = 1,
         initial_step: int = 0,
         epoch: int = 1,
         cell: Any = None,
         lr_reader: Any = None,
         samples_per_step: int | None = None,
-        abort_after: int | None = None,
         overflow_floor: float = DYNAMIC_MIN_LOSS_SCALE,
-        on_event: EventHook | None = None,
         save_checkpoint: Callable[[], tuple[str | None, str]] | None = None,
         on_stop: Callable[[], Any] | None = None,
-        layer_stats_every: int = 0,
-        layer_top_k: int = 10,
         alarm_rule: AlarmRule | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.sinks = list(sinks)
-        self.log_interval = int(log_interval)
+        self.settings = settings
+        self.log_interval = settings.log_interval
         self.step = self.logged_step = self._last_layers_step = int(initial_step)
         self.epochs = EpochTrack(epoch)
         self.cell = cell
         self.lr_reader = lr_reader
         self.samples_per_step = samples_per_step
-        self.abort_after = abort_after
+        self.abort_after = settings.abort_after
         self.overflow_floor = overflow_floor
-        self.on_event = on_event
+        self.on_event = settings.on_event
         self.save_checkpoint = save_checkpoint
         self.on_stop = on_stop
-        self.layer_stats_every = int(layer_stats_every)
-        self.layer_top_k = int(layer_top_k)
+        self.layer_stats_every = settings.layer_stats_every
+        self.layer_top_k = settings.layer_top_k
         self.alarm_rule = alarm_rule
         self._clock = clock
-        self._bad = BadStepCounter(abort_after)
+        self._bad = BadStepCounter(settings.abort_after)
         self.aborted = False
         self._outputs: Any = None  # the last step's outputs: a reference, read on log steps only
         self._t_interval = self._t_last_end = clock()

@@ -1,0 +1,133 @@
+"""The options of a ``LiveMonitor``, validated and defaulted in one place.
+
+:class:`MonitorSettings` is to :class:`gradmon.monitor.callback.LiveMonitor` what
+:class:`gradmon.cells.options.StepOptions` is to the step cells: ``LiveMonitor(log_file,
+log_interval, **options)`` builds one with :meth:`MonitorSettings.from_kwargs`, and the
+:class:`~gradmon.monitor.segment.Segment` and :class:`~gradmon.monitor.steplog.StepLogger` it opens
+receive it whole. Adding an option is a field here (with its line in the docstring) and the code
+that reads it. Pure Python: no MindSpore import.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+from gradmon.logformat.alarms import AlarmConfig
+
+__all__ = ["MonitorSettings", "alarm_config_of"]
+
+
+def alarm_config_of(value: AlarmConfig | Mapping[str, Any] | None) -> AlarmConfig:
+    """The alarm rule's settings from an :class:`AlarmConfig`, a dict of some of its fields (numpy
+    scalars welcome; the rest default) or None (all defaults). An unknown name is an error."""
+    if value is None:
+        return AlarmConfig()
+    if isinstance(value, AlarmConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"alarm_config must be an AlarmConfig, a dict of its fields or None, "
+                        f"got {type(value).__name__}")
+    known = [f.name for f in fields(AlarmConfig)]
+    unknown = sorted(str(k) for k in value if k not in known)
+    if unknown:
+        raise ValueError(f"alarm_config: unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    # numpy scalars -> Python numbers (AlarmConfig checks int/float; np.float32 is neither)
+    plain = {k: v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v
+             for k, v in value.items()}
+    return AlarmConfig(**plain)
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    """The options of :class:`gradmon.monitor.callback.LiveMonitor`, validated.
+
+    - ``log_file``: the run log's path (``LiveMonitor`` resolves a directory to ``metrics.jsonl``
+      inside it, see :func:`gradmon.monitor.callback.log_file_path`).
+    - ``log_interval``: read the device on steps that are multiples of this (and before an
+      evaluation and at the end). With a device history (``MonitoredTrainStep(history_size
+      >= log_interval)``) every step still gets a record; else only the steps read do.
+    - ``config``: the user's settings, written into the header.
+    - ``batch_size``: samples per step on one rank, when the dataset cannot tell
+      (``train_dataset.get_batch_size()`` is used otherwise). Throughput is global:
+      ``batch_size * world_size / step_time``.
+    - ``per_rank``: every rank also writes ``metrics.rank<N>.jsonl`` beside ``log_file`` (rank 0
+      still writes ``log_file``). By default only rank 0 writes.
+    - ``system_metrics``, ``system_interval``: sample host CPU, RSS and device memory every
+      ``system_interval`` seconds on a background thread (``system`` records).
+    - ``abort_after``: stop training after this many consecutive bad steps (docs/format.md: a
+      loss-scale overflow counts only at the minimum scale). Every rank evaluates it, so
+      data-parallel ranks stop together (``MonitoredTrainStep``'s flags agree across ranks).
+    - ``abort_checkpoint``: on abort, rank 0 first saves the train network's parameters
+      (optimizer state included) here, unless they are non-finite.
+    - ``layer_stats_every``, ``layer_top_k``: every N steps write a ``layers`` record from the step
+      cell's ``gradmon_layer_stats(top_k=...)`` when it has one.
+    - ``initial_step``: the last step done before this run segment. Default: from the restored
+      training state (the step cell's device step counter, else the optimizer's ``global_step``),
+      so a run resumed from a checkpoint continues its numbering.
+    - ``on_event``: called with every ``event`` record the monitor writes (``nonfinite``, ``skip``,
+      ``spike``, ``abort``, ``alarm``, ``alarm_end``, ...), on the training thread; an exception in
+      it is logged once.
+    - ``retry_initial``: first back-off (seconds) before reopening an unwritable log.
+    - ``alarms``: run the alarm rule (:class:`gradmon.logformat.alarms.AlarmRule`, docs/format.md
+      "Alarms") over every step record and write its ``alarm`` / ``alarm_end`` events, one rule per
+      segment, named in the header (``alarm_rule``). False: readers judge the log.
+    - ``alarm_config``: the rule's thresholds: an :class:`gradmon.logformat.alarms.AlarmConfig` or a
+      dict of some of its fields, e.g. ``{"quiet_steps": 20}`` (default: ``AlarmConfig()``;
+      normalised to None when ``alarms`` is False).
+    """
+
+    log_file: str
+    log_interval: int = 1
+    config: Mapping[str, Any] = field(default_factory=dict)
+    batch_size: int | None = None
+    per_rank: bool = False
+    system_metrics: bool = False
+    system_interval: float = 5.0
+    abort_after: int | None = None
+    abort_checkpoint: str | None = None
+    layer_stats_every: int = 0
+    layer_top_k: int = 10
+    initial_step: int | None = None
+    on_event: Callable[[dict[str, Any]], Any] | None = None
+    retry_initial: float = 1.0
+    alarms: bool = True
+    alarm_config: AlarmConfig | Mapping[str, Any] | None = None  # normalised: None iff not alarms
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise once, here
+        set_(self, "log_file", os.fspath(self.log_file))
+        if int(self.log_interval) < 1:
+            raise ValueError(f"log_interval must be >= 1, got {self.log_interval}")
+        if self.abort_after is not None and int(self.abort_after) < 1:
+            raise ValueError(f"abort_after must be >= 1 or None, got {self.abort_after}")
+        if self.initial_step is not None and int(self.initial_step) < 0:
+            raise ValueError(f"initial_step must be >= 0 or None, got {self.initial_step}")
+        if self.on_event is not None and not callable(self.on_event):
+            raise TypeError(f"on_event must be callable, got {type(self.on_event).__name__}")
+        for name in ("log_interval", "layer_stats_every", "layer_top_k"):
+            set_(self, name, int(getattr(self, name)))
+        for name in ("abort_after", "initial_step"):
+            if getattr(self, name) is not None:
+                set_(self, name, int(getattr(self, name)))
+        if self.abort_checkpoint is not None:
+            set_(self, "abort_checkpoint", os.fspath(self.abort_checkpoint))
+        set_(self, "config", dict(self.config or {}))
+        if not (isinstance(self.alarms, bool) or type(self.alarms).__name__ == "bool_"):
+            raise TypeError(f"alarms must be True or False, got {self.alarms!r}")
+        set_(self, "alarms", bool(self.alarms))
+        if not self.alarms and self.alarm_config is not None:
+            raise ValueError("alarm_config was given with alarms=False: drop one of them")
+        set_(self, "alarm_config", alarm_config_of(self.alarm_config) if self.alarms else None)
+
+    @classmethod
+    def from_kwargs(cls, owner: str, log_file: str | os.PathLike[str], **options: Any) -> MonitorSettings:
+        """Settings from keyword arguments; an unknown name raises ``TypeError`` listing the known ones."""
+        known = {f.name for f in fields(cls)} - {"log_file"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"{owner} got unexpected option(s) {', '.join(map(repr, unknown))}; "
+                            f"known options: {', '.join(sorted(known))}")
+        return cls(log_file=os.fspath(log_file), **options)
