@@ -122,8 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.write and suite is not None:
         body = render(suite)
         title, rest = body.split("\n", 1)
-        (HERE / "ALARMS.md").write_text(f"{title}\n\n## Issue 22 targets, before and after\n\n{text}\n{rest}",
-                                        encoding="utf-8")
+        note = ("Before: main at the start of issue 22 (detector: ZClip 50 / 0.99 / 5.0 without the early "
+                "rule; alarm rule without `norm_floor`/`loss_floor`); after: this code. Both sides "
+                "trained the same suite (`python -m benchmarks.alarms --settings ... --no-examples`, one "
+                "setting per process) and the 20k-step run (`python -m benchmarks.alarms_converged`).\n\n")
+        if not suite.get("examples"):
+            note += "The example runs (demo, spike demo) were not part of these runs.\n\n"
+        head = f"{title}\n\n## Issue 22 targets, before and after\n\n{note}"
+        (HERE / "ALARMS.md").write_text(f"{head}{text}\n{rest}", encoding="utf-8")
     return 0
 
 
