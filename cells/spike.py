@@ -48,8 +48,9 @@ class SpikeConfig:
     before it judges (4: from the 5th step on). A norm is an early spike when its log is above
     the ring's median by more than ``early_z`` (3.0) robust sigmas (1.4826 x MAD), bounded to
     ``[log(early_min_ratio), log(early_max_ratio)]`` (4x and 8x the median). ``floor``: a norm
-    at most this fraction (0.01) of the run's scale (the largest median of the ring so far) is
-    never a spike, in either rule (a converged run's float noise; needs the early ring).
+    at most this fraction of the run's scale (the largest median of the ring so far) is never a
+    spike, in either rule (needs the early ring). 0 (off) by default: measured, the flags it
+    removes at a converged Adam run's noise floor are what kept that run converged.
 
     The defaults are measured (docs/cells.md, "Why these defaults"): ZClip's own flag 3-6 % of the
     ordinary steps of small-data CPU runs; these flag at most 0.1 % after step 10.

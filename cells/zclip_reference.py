@@ -24,8 +24,7 @@ against, and a readable statement of the rule. Two tests share one state:
   ``var = a * var + (1 - a) * (g - mean_new) ** 2``; the ring gets ``log(effective)``.
 * **The run's scale**: ``scale`` is the largest ring median (``exp(m)``) seen so far, taken before
   each finite norm once the ring holds ``early_min`` values. A norm at most ``floor`` times the
-  scale is never a spike (either test): a converged run's norm at 1e-6 of what it trained at
-  moves 10-100x on float noise alone, and that moves no weight.
+  scale is never a spike (either test); ``floor`` is 0 by default (no floor: see EARLY_FLOOR).
 * The reported ``zscore`` crosses ``z_threshold`` exactly where a step is flagged (apart from
   norms under the floor): ZClip's ``z`` after warm-up, ``z_threshold * d / t`` under the early
   rule, 0 before the early rule judges.
@@ -45,7 +44,11 @@ EARLY_MIN = 4  # finite norms before the early rule judges: the 5th finite step 
 EARLY_Z = 3.0  # MAD z-score of the early threshold (1.4826 * MAD estimates a Gaussian sigma)
 EARLY_MIN_RATIO = 4.0  # the early threshold is at least this ratio to the ring's median ...
 EARLY_MAX_RATIO = 8.0  # ... and at most this one
-EARLY_FLOOR = 0.01  # no spike below this fraction of the run's scale (the largest ring median)
+# No spike below this fraction of the run's scale (the largest ring median). Off by default: under
+# Adam the update is normalised, so a converged run's 100x noise excursion at 1e-6 of the run's
+# scale still moves the weights by ~lr per coordinate, and clipping it is what keeps the run
+# converged (docs/cells.md, "Why these defaults": with 0.01 issue 22's 20k-step run diverged).
+EARLY_FLOOR = 0.0
 MAD_SIGMA = 1.4826
 TINY_NORM = 1e-30  # log(0) guard: a zero norm counts as this
 

@@ -99,19 +99,21 @@ def test_early_rule_is_quiet_on_a_noisy_falling_start(seed):
     assert not any(s.spike for s in steps)
 
 
-def test_norms_far_below_the_run_scale_are_never_spikes():
+def test_spike_floor_opt_in_spares_norms_far_below_the_run_scale():
     # A converged run (issue 22): the norm fell from ~2 to 1e-6; float noise moves it 50x.
-    d = SpikeConfig()
     norms = [2.0, 2.1, 1.9, 2.0, 2.2] + [1e-6 * (1 + 0.1 * (i % 3)) for i in range(40)] + [5e-5]
+    d = SpikeConfig()
+    # by default (floor 0) the excursion is a spike: under Adam it would move every weight by ~lr
     steps, state = zclip_run(norms, warmup=d.warmup, alpha=d.alpha, z_threshold=d.z_threshold)
-    assert not steps[-1].spike and steps[-1].zscore > d.z_threshold  # an outlier, under the floor
+    assert d.floor == 0.0 and steps[-1].spike
     assert state.scale == pytest.approx(2.0, rel=0.1)
-    # without the floor the same step is a spike; and a norm back at the run's scale still is one
+    floored = SpikeConfig(floor=0.01)
     steps, _ = zclip_run(norms, warmup=d.warmup, alpha=d.alpha, z_threshold=d.z_threshold,
-                         early=SpikeConfig(floor=0.0).reference_rule())
-    assert steps[-1].spike
-    steps, _ = zclip_run([*norms[:-1], 0.5], warmup=d.warmup, alpha=d.alpha, z_threshold=d.z_threshold)
-    assert steps[-1].spike
+                         early=floored.reference_rule())
+    assert not steps[-1].spike and steps[-1].zscore > d.z_threshold  # an outlier, under the floor
+    steps, _ = zclip_run([*norms[:-1], 0.5], warmup=d.warmup, alpha=d.alpha, z_threshold=d.z_threshold,
+                         early=floored.reference_rule())
+    assert steps[-1].spike  # a norm back near the run's scale still is one
 
 
 def test_reference_ignores_non_finite():
