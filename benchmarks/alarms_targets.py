@@ -108,6 +108,22 @@ def render_targets(before: dict[str, Any], after: dict[str, Any]) -> str:
     return text
 
 
+def replay_note(before_conv: dict[str, Any] | None, after_conv: dict[str, Any] | None) -> str:
+    """Each side's 20k-step run judged by the other side's alarm rule (when its records were kept)."""
+    from benchmarks.alarms_converged import replay
+    from gradmon.logformat.alarms import AlarmConfig
+
+    old = AlarmConfig(norm_floor=0.0, loss_floor=0.0)  # main's rule: no run scale
+    parts = []
+    if before_conv and before_conv.get("records"):
+        count = len(replay(before_conv["records"]))
+        parts.append(f"main's 20k-step run under this code's alarm rule: {count} alarms")
+    if after_conv and after_conv.get("records"):
+        parts.append(f"this code's 20k-step run under main's alarm rule: "
+                     f"{len(replay(after_conv['records'], old))} alarms")
+    return ("Replayed: " + "; ".join(parts) + ".\n") if parts else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.alarms_targets", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -118,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     _, before_settings, before_conv = load(a.before)
     suite, after_settings, after_conv = load(a.after)
     text = render_targets(summary(before_settings, before_conv), summary(after_settings, after_conv))
+    text += replay_note(before_conv, after_conv)
     print(text)
     if a.write and suite is not None:
         body = render(suite)
