@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Protocol
 
 from gradmon.logformat.alarms import AlarmRule
+from gradmon.logformat.schema import FORENSICS_FIELD
+from gradmon.monitor.forensics import attach_forensics
 from gradmon.monitor.outputs import parse_step_outputs
 from gradmon.monitor.records import (
     DYNAMIC_MIN_LOSS_SCALE,
@@ -59,7 +61,9 @@ class StepLogger:
             count reaches a multiple of it), ``abort_after`` (stop after this many consecutive bad
             steps, :func:`gradmon.monitor.records.abort_vote`), ``on_event`` (called with a copy of
             every ``event`` record written; exceptions are logged once), ``layer_stats_every`` and
-            ``layer_top_k`` (a ``layers`` record every N steps from ``cell.gradmon_layer_stats``).
+            ``layer_top_k`` (a ``layers`` record every N steps from ``cell.gradmon_layer_stats``),
+            ``sample_ids`` (``sample_ids(step) -> ids`` of the samples a step trained on, asked when
+            an alarm opens at it, for its ``forensics``, when the cell keeps no ids of its own).
         initial_step: the last step before this segment (the next step is ``initial_step + 1``).
         epoch: the epoch the segment starts in.
         cell: the step cell, for ``gradmon_read_history`` / ``gradmon_layer_stats`` when it has them.
@@ -105,6 +109,8 @@ class StepLogger:
         self.layer_stats_every = settings.layer_stats_every
         self.layer_top_k = settings.layer_top_k
         self.alarm_rule = alarm_rule
+        self.sample_ids = settings.sample_ids
+        self._forensics_failed = False
         self._clock = clock
         self._bad = BadStepCounter(settings.abort_after)
         self.aborted = False
@@ -113,6 +119,8 @@ class StepLogger:
         self._data_times: list[float] = []
         self._history_failed = False
         self._event_hook_failed = False
+        # Sees every step record written (automatic recovery's triggers); with it every rank reads.
+        self.watch: Callable[[Mapping[str, Any]], Any] | None = None
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -142,9 +150,9 @@ class StepLogger:
         n = last - self.logged_step
         if n <= 0:
             return
-        if not self.sinks and not self.abort_after:
-            # A rank that writes nothing reads nothing. With an abort policy every rank reads, so
-            # that all data-parallel ranks take the same stop decision.
+        if not self.sinks and not self.abort_after and self.watch is None:
+            # A rank that writes nothing reads nothing. With an abort policy (or recovery) every rank
+            # reads, so that all data-parallel ranks take the same decision.
             self._advance(last)
             return
         now = self._clock()
@@ -234,6 +242,8 @@ class StepLogger:
             for event in events_for_step(record, record.get("ts")):
                 self.emit(event)
             self._judge(record)
+            if self.watch is not None:
+                self.watch(record)
             # One history read can hold more bad steps than the limit: the abort belongs to the
             # step that reached it, with that step's count, right after that step's record.
             if self._bad.update(abort_vote(record, self.overflow_floor)) and not self.aborted:
@@ -243,7 +253,20 @@ class StepLogger:
         """Write the alarm rule's events for ``record`` (a step record or an ``abort``)."""
         if self.alarm_rule is not None and self.sinks:
             for event in self.alarm_rule.update(record):
+                if event.get("kind") == "alarm":
+                    self._attach_forensics(event)
                 self.emit(event)
+
+    def _attach_forensics(self, event: dict[str, Any]) -> None:
+        """Add what the step cell's forensics rings (and the ``sample_ids`` hook) hold for the
+        alarm's step to the event: ``forensics`` (docs/format.md). Read only here, once per incident."""
+        step = event.get("step")
+        read = getattr(self.cell, "gradmon_forensics", None)
+        if not isinstance(step, int) or (not callable(read) and self.sample_ids is None):
+            return
+        attach_forensics(event, step, self.step, read if callable(read) else None, self.sample_ids,
+                         warn=not self._forensics_failed)
+        self._forensics_failed = self._forensics_failed or "error" in event.get(FORENSICS_FIELD, {})
 
     def finish(self) -> None:
         """The segment ends: write the ``alarm_end`` of the open incident, if any (before ``end``)."""
@@ -274,13 +297,18 @@ class StepLogger:
     # -- abort policy --------------------------------------------------------------------------
 
     def _abort(self, step: int, consecutive: int) -> None:
+        why = f"{consecutive} consecutive skipped or non-finite steps (abort_after={self.abort_after})"
+        self.abort(step, why, consecutive=consecutive)
+
+    def abort(self, step: int, why: str, **fields: Any) -> None:
+        """Stop training at ``step`` because of ``why``: the abort checkpoint (when configured), an
+        ``abort`` event (with ``fields``) through the alarm rule, then ``on_stop``."""
         checkpoint, note = self.save_checkpoint() if self.save_checkpoint is not None else (None, "")
-        message = (f"training aborted at step {step}: {consecutive} consecutive skipped or non-finite "
-                   f"steps (abort_after={self.abort_after})"
+        message = (f"training aborted at step {step}: {why}"
                    + (f"; checkpoint saved to {checkpoint}" if checkpoint else "") + note)
         _log.error("gradmon: %s", message)
-        event: dict[str, Any] = {"type": "event", "kind": "abort", "step": step, "ts": time.time(),
-                                 "consecutive": consecutive, "message": message}
+        event: dict[str, Any] = {"type": "event", "kind": "abort", "step": step, "ts": time.time(), **fields,
+                                 "message": message}
         if checkpoint:
             event["checkpoint"] = checkpoint
         self.emit(event)
