@@ -219,7 +219,7 @@ def test_device_early_rule_matches_reference(norms, warmup, window, ratios, floo
         assert count == ref_state.count
         filled = min(count, window)
         np.testing.assert_allclose(sorted(ring[:filled]), sorted(ref_state.ring), rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(scale, [ref_state.scale], rtol=1e-5)
+        np.testing.assert_allclose(scale, [ref_state.scale], rtol=1e-4)  # float32 exp of a log near -69
 
 
 def test_state_shape_follows_the_early_window():
