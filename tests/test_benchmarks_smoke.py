@@ -264,3 +264,14 @@ def test_alarm_targets_table_counts_what_issue_22_asks():
     assert got["must_alarmed"] == (2, 3)
     text = render_targets(got, got)
     assert "| alarms on the 20k-step converged run | 0 | 2 | 2 |" in text
+
+
+def test_bigruns_smoke_measures_a_cold_and_a_warm_start(tmp_path):
+    from benchmarks.bigruns import run
+
+    out = run(5_000, None, rounds=1, fetches=2, out_dir=str(tmp_path), log=lambda m: None)
+    cold, warm = out["starts"]
+    assert cold["cold"] and not warm["cold"]
+    for s in (cold, warm):
+        assert s["cursor_is_the_file"] and s["zoom_points"] == 50 and s["zoom_exact"] is True
+        assert math.isfinite(s["zoom_p99_ms"]) and s["rss_mb"] > 0 and s["sidecar_mb"] > 0
