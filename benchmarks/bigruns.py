@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from benchmarks.runlogs import ensure_run_log
-from benchmarks.server_section import free_port, http_get
+from benchmarks.server_harness import free_port, http_get
 from benchmarks.stats import percentile
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

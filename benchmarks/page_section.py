@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks.runlogs import ensure_run_log, generate_run_log, step_record
-from benchmarks.server_section import http_get, serve, server_unavailable_reason
+from benchmarks.server_harness import http_get, serve, server_unavailable_reason
 from gradmon.logformat.alarms import AlarmConfig
 from gradmon.logformat.jsonl import encode_record
 
