@@ -267,12 +267,21 @@ def test_an_alarm_names_the_samples_of_every_micro_batch_and_the_top_layer(mode,
     names the ids of both micro-batches of that step (the poisoned one among them) and the first
     layer's weight as the top layer; the layer and id rings count optimizer steps."""
     from mindspore import dataset as ds
-    from mindspore.train import Model
+    from mindspore.train import Callback, Model
 
     from gradmon import LiveMonitor
     from tests.train_util import records
 
     n, b, steps, fault = 2, 4, 12, 10
+
+    class WeightsBeforeFault(Callback):
+        weights: list[np.ndarray] | None = None
+
+        def on_train_step_end(self, run_context):
+            cb = run_context.original_args()
+            if cb.cur_step_num == (fault - 1) * n:
+                self.weights = [p.asnumpy().astype(np.float64) for p in cb.train_network.weights]
+
     rng = np.random.default_rng(0)
     x = rng.random((steps * n * b, 64), dtype=np.float32)
     y = rng.integers(0, 10, steps * n * b).astype(np.int32)
@@ -285,7 +294,8 @@ def test_an_alarm_names_the_samples_of_every_micro_batch_and_the_top_layer(mode,
                               grad_accum_steps=n, forensics=4, forensics_ids=b)
     path = tmp_path / "m.jsonl"
     monitor = LiveMonitor(path, log_interval=2, alarm_config={"min_history": 5})
-    Model(cell).train(1, data, callbacks=[monitor], dataset_sink_mode=False)
+    before = WeightsBeforeFault()
+    Model(cell).train(1, data, callbacks=[monitor, before], dataset_sink_mode=False)
     (alarm,) = [r for r in records(path, "event") if r["kind"] == "alarm"]
     print("forensics event:", alarm)  # pytest -s shows it
     assert alarm["step"] == fault and alarm["reason"] == "grad_norm_spike"
@@ -294,6 +304,14 @@ def test_an_alarm_names_the_samples_of_every_micro_batch_and_the_top_layer(mode,
     first = (fault - 1) * n * b
     assert f["sample_ids"] == [list(range(first, first + n * b))] and bad in f["sample_ids"][0]
     assert f["layers"][0]["name"] == "body.0.weight"  # the poisoned inputs feed the first layer
+    # The per-layer norms are those of the step's mean gradient over its two micro-batches.
+    names = [p.name for p in cell.weights]
+    micro = [_grads64(_net(), before.weights, Tensor(x[first + m * b:first + (m + 1) * b]),
+                      Tensor(y[first + m * b:first + (m + 1) * b]))[1] for m in range(n)]
+    ref = sorted(((k, float(np.linalg.norm(sum(g[i] for g in micro) / n))) for i, k in enumerate(names)),
+                 key=lambda kv: -kv[1])
+    assert [r["name"] for r in f["layers"]] == [k for k, _ in ref]
+    np.testing.assert_allclose([r["grad_norm"] for r in f["layers"]], [v for _, v in ref], rtol=1e-4)
     combined = math.sqrt(sum(r["grad_norm"] ** 2 for r in f["layers"]))
     assert math.isclose(combined, alarm["value"], rel_tol=1e-5)
     assert int(cell.forensics_layers.writes.asnumpy()[0]) == steps  # one row per optimizer step
