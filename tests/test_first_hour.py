@@ -4,7 +4,10 @@ docs/troubleshooting.md quotes."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import warnings
 
 import pytest
 from mindspore.train import Model
@@ -50,3 +53,64 @@ def test_the_path_rule(tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
     assert log_file_path(notes) == str(notes / "metrics.jsonl")
+
+
+# -- 4. records that cannot be written: said what it is, not retried every step, summarised once ------
+
+def _gradmon_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if str(w.message).startswith("gradmon:")]
+
+
+def test_a_file_where_the_run_directory_should_be_is_named_and_the_loss_summarised(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    cell, _ = history_cell("fake")
+    monitor = LiveMonitor(notes)  # a run name that happens to be a file
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Model(cell).train(1, dataset(5), callbacks=[monitor])
+    assert cell.total == 5  # training finished
+    log = notes / "metrics.jsonl"
+    told = _gradmon_warnings(caught)
+    assert told == [
+        f"gradmon: cannot open run log {log}: {notes} is a file, not a directory (LiveMonitor(path) takes a "
+        "run directory, or a file path ending in .jsonl: move that file or choose another path); its "
+        "records are dropped (checked again every 30 s, not at every step)",
+        f"gradmon: 7 records could not be written to {log}: {notes} is a file, not a directory "
+        "(LiveMonitor(path) takes a run directory, or a file path ending in .jsonl: move that file or "
+        "choose another path)",
+    ]  # before: "[Errno 17] File exists: '...notes.txt'; dropping records and retrying"; no summary
+    assert monitor.dropped_records == 7  # header, 5 steps, end
+    assert notes.read_text() == "my notes\n"  # the user's file is untouched
+
+
+@pytest.mark.parametrize(("code", "said"), [
+    (errno.EROFS, "{run} is on a read-only file system (write the log to a writable directory)"),
+    (errno.EACCES, "no permission to write {run} (Permission denied; choose a directory you can write to)"),
+])
+def test_an_unwritable_directory_is_named_tried_once_and_summarised(tmp_path, monkeypatch, code, said):
+    run = tmp_path / "run"
+    run.mkdir()
+    log = run / "metrics.jsonl"
+    real_open, attempts = os.open, []
+
+    def refusing_open(path, flags, *args, **kwargs):  # as root, chmod cannot make a directory unwritable
+        if os.fspath(path).startswith(str(run)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            attempts.append(path)
+            raise OSError(code, os.strerror(code), os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    cell, _ = history_cell("fake")
+    monitor = LiveMonitor(run)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Model(cell).train(1, dataset(5), callbacks=[monitor])
+    what = said.format(run=run)
+    assert _gradmon_warnings(caught) == [
+        f"gradmon: cannot open run log {log}: {what}; its records are dropped (checked again every 30 s, "
+        "not at every step)",
+        f"gradmon: 7 records could not be written to {log}: {what}",
+    ]
+    assert cell.total == 5 and monitor.dropped_records == 7
+    assert len(attempts) == 1  # one try in a run of seconds, not one per step
