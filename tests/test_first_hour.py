@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import socket
 import warnings
 
 import pytest
@@ -14,6 +15,7 @@ from mindspore.train import Model
 from server_helpers import get_json, wait_for
 from train_util import dataset, history_cell, records, use_graph_mode
 
+from gradmon import cli
 from gradmon.monitor.callback import LiveMonitor, log_file_path
 from gradmon.server import start_server
 
@@ -114,3 +116,18 @@ def test_an_unwritable_directory_is_named_tried_once_and_summarised(tmp_path, mo
     ]
     assert cell.total == 5 and monitor.dropped_records == 7
     assert len(attempts) == 1  # one try in a run of seconds, not one per step
+
+
+# -- 5. gradmon serve on a busy port --------------------------------------------------------------------
+
+def test_serve_on_a_busy_port_says_which_flag_to_use(tmp_path, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["serve", str(tmp_path), "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"gradmon serve: cannot listen on 127.0.0.1:{port}: " in err and "address already in use" in err
+    # before: the line ended there
+    assert err.rstrip().endswith("another program (another gradmon serve?) has that port: choose another "
+                                 "with --port N, or --port 0 for any free port")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import sys
 
-__all__ = ["add_parser", "run_serve"]
+__all__ = ["add_parser", "listen_error", "run_serve"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -79,6 +80,25 @@ def run_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     except OSError as exc:
-        print(f"gradmon serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"gradmon serve: {listen_error(exc, args.host, args.port)}", file=sys.stderr)
         return 1
     return 0
+
+
+def listen_error(exc: OSError, host: str, port: int) -> str:
+    """Why the server could not listen on ``host:port``, and which flag to use instead."""
+    where = f"cannot listen on {host}:{port}: {exc}"
+    if exc.errno == errno.EADDRINUSE:
+        return (f"{where}; another program (another gradmon serve?) has that port: choose another with "
+                f"--port N, or --port 0 for any free port")
+    if exc.errno in (errno.EACCES, errno.EPERM) and 0 < port < 1024:
+        return f"{where}; ports below 1024 need privileges: use --port {_default_port()} or --port 0"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{where}; {host} is not an address of this machine: use --host 127.0.0.1 (or 0.0.0.0 for all)"
+    return where
+
+
+def _default_port() -> int:
+    from gradmon.server.app import DEFAULT_PORT
+
+    return DEFAULT_PORT
