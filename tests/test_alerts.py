@@ -76,7 +76,11 @@ class Receiver:
 
 
 @pytest.fixture
-def receiver():
+def receiver(monkeypatch):
+    # The sender honours the proxy environment (httpx): a proxy set where the tests run must not
+    # carry posts meant for 127.0.0.1 (test_alerts_proxy.py sets its own).
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
     made: list[Receiver] = []
 
     def make(mode: str = "ok") -> Receiver:
