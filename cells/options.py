@@ -56,6 +56,10 @@ class StepOptions:
       ``"per_tensor"`` or ``"fused"`` (see :mod:`gradmon.cells.norm_plan`).
     - ``shard_group``: the communication group that parameters marked ``layerwise_parallel=True``
       (hand-sharded) are split across; required when there are such parameters.
+    - ``require_scalar_loss``: the network's first output must be a scalar loss (shape ``()`` or
+      ``(1,)``), checked at the first call: a network without its loss (logits) raises, naming
+      ``nn.WithLossCell``. False: accept any float output as ``nn.TrainOneStepCell`` does (the
+      gradients are then of ``sum(output * sens)`` and the history's ``loss`` is its mean).
     """
 
     max_norm: float | None = None
@@ -70,6 +74,7 @@ class StepOptions:
     output_layout: str = "gradmon"
     norm_strategy: str = "auto"
     shard_group: str | None = None
+    require_scalar_loss: bool = True
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once, here
@@ -84,7 +89,7 @@ class StepOptions:
             raise ValueError("history_size must be an int >= 0 (0 disables the ring), "
                              f"got {self.history_size!r}")
         set_(self, "history_size", int(self.history_size))
-        for name in ("skip_nonfinite", "local_norm", "layer_stats"):
+        for name in ("skip_nonfinite", "local_norm", "layer_stats", "require_scalar_loss"):
             set_(self, name, _flag(name, getattr(self, name)))
         if self.norm_strategy not in NORM_STRATEGIES:
             raise ValueError(f"norm_strategy must be one of {NORM_STRATEGIES}, got {self.norm_strategy!r}")

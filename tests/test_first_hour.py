@@ -10,12 +10,15 @@ import os
 import socket
 import warnings
 
+import mindspore as ms
+import numpy as np
 import pytest
+from mindspore import Tensor, nn
 from mindspore.train import Model
 from server_helpers import get_json, wait_for
-from train_util import dataset, history_cell, records, use_graph_mode
+from train_util import IN_DIM, dataset, history_cell, mlp, params_of, records, use_graph_mode
 
-from gradmon import cli
+from gradmon import MonitoredTrainStep, MonitoredTrainStepWithLossScale, cli
 from gradmon.monitor.callback import LiveMonitor, log_file_path
 from gradmon.server import start_server
 
@@ -40,6 +43,17 @@ def test_a_path_without_jsonl_is_a_run_directory_that_serve_lists(tmp_path):
         assert get_json(handle.port, "/api/runs/exp001")[1]["last_step"] == 3
     finally:
         handle.stop()
+
+
+def test_a_log_serve_will_not_list_is_said_at_the_start(tmp_path, caplog):
+    log = tmp_path / "logs" / "demo_metrics.jsonl"  # the seed article's name: then a blank page
+    LiveMonitor(log)
+    assert (f"gradmon: {log} is not named metrics.jsonl, so gradmon serve will not list it (a run is a "
+            f"directory holding metrics.jsonl); LiveMonitor('{tmp_path}/logs/demo_metrics') writes the run "
+            "'demo_metrics'") in caplog.text
+    caplog.clear()
+    LiveMonitor(tmp_path / "logs" / "demo")
+    assert "will not list" not in caplog.text
 
 
 def test_the_path_rule(tmp_path):
@@ -131,3 +145,114 @@ def test_serve_on_a_busy_port_says_which_flag_to_use(tmp_path, capsys):
     # before: the line ended there
     assert err.rstrip().endswith("another program (another gradmon serve?) has that port: choose another "
                                  "with --port N, or --port 0 for any free port")
+
+
+# -- 2. a network without its loss -------------------------------------------------------------------
+
+MODES = {"GRAPH": ms.GRAPH_MODE, "PYNATIVE": ms.PYNATIVE_MODE}
+WRAP = "MonitoredTrainStep(nn.WithLossCell(net, loss_fn), optimizer)"
+
+
+def _sgd(net: nn.Cell) -> nn.Optimizer:
+    return nn.SGD(net.trainable_params(), learning_rate=0.1)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_logits_instead_of_a_loss_raise_naming_with_loss_cell_and_train_nothing(mode):
+    ms.set_context(mode=MODES[mode])
+    net = mlp()  # returns logits of shape (16, 10)
+    before = params_of(net)
+    step = MonitoredTrainStep(net, _sgd(net))
+    x = Tensor(np.ones((16, IN_DIM), np.float32))
+    with pytest.raises(ValueError) as raised:
+        step(x)
+    message = str(raised.value)
+    # before: no error; it trained on sum(logits) and logged their mean as the loss
+    assert ("MonitoredTrainStep: the network's first output must be the loss, a scalar, but it has shape "
+            "(16, 10) (logits? a network without its loss function). Give the step cell the network with its "
+            f"loss: {WRAP}. A network returning (loss, *extra) is fine too") in message
+    after = params_of(net)
+    assert all(np.array_equal(before[k], after[k]) for k in before)  # no update ran
+
+
+def test_model_train_inputs_that_do_not_fit_construct_name_the_arity_and_the_fix(tmp_path):
+    net = mlp()
+    monitor = LiveMonitor(tmp_path / "run")
+    with pytest.raises(TypeError) as raised:
+        Model(MonitoredTrainStep(net, _sgd(net))).train(1, dataset(2), callbacks=[monitor],
+                                                         dataset_sink_mode=False)
+    # before: "The parameters number of the function is 1, but the number of provided arguments is 2."
+    assert ("MonitoredTrainStep: the network's construct(x) takes 1 input, but the step got 2 (under "
+            "Model.train: one per dataset column). A network without its loss? Give the step cell the "
+            f"network with its loss, whose construct takes (data, label): {WRAP}") in str(raised.value)
+    written = records(tmp_path / "run" / "metrics.jsonl")
+    assert [r["type"] for r in written] == ["header", "end"] and written[-1]["status"] == "failed"
+
+
+def test_the_loss_checks_accept_tuples_and_size_one_losses_and_have_an_opt_out():
+    class LossAndLogits(nn.Cell):
+        def __init__(self, net: nn.Cell) -> None:
+            super().__init__()
+            self.net, self.loss = net, nn.MSELoss()
+
+        def construct(self, x, y):
+            logits = self.net(x)
+            return self.loss(logits, y).reshape((1,)), logits
+
+    x, y = Tensor(np.ones((16, IN_DIM), np.float32)), Tensor(np.zeros((16, 10), np.float32))
+    net = mlp()
+    loss, norm, logits = MonitoredTrainStep(LossAndLogits(net), _sgd(net))(x, y)
+    assert loss.shape == (1,) and logits.shape == (16, 10) and float(norm.asnumpy()) > 0
+    # The documented opt-out keeps nn.TrainOneStepCell's behaviour for a non-scalar output: same update.
+    stock_net, our_net = mlp(), mlp()
+    for ours, theirs in zip(our_net.trainable_params(), stock_net.trainable_params()):
+        ours.set_data(theirs.data.copy())
+    stock_out = nn.TrainOneStepCell(stock_net, _sgd(stock_net))(x)
+    our_loss = MonitoredTrainStep(our_net, _sgd(our_net), require_scalar_loss=False)(x)[0]
+    assert our_loss.shape == stock_out.shape == (16, 10)
+    theirs, ours = params_of(stock_net), params_of(our_net)
+    assert all(np.array_equal(theirs[k], ours[k]) for k in theirs)
+
+
+def test_an_integer_first_output_is_refused():
+    class ClassIds(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp()
+
+        def construct(self, x):
+            return self.net(x).argmax(-1)
+
+    net = ClassIds()
+    with pytest.raises(TypeError, match=r"first output must be the loss, a float scalar, but its dtype is "
+                                        r"Int\d+ \(labels\? class ids\?\); return the loss"):
+        MonitoredTrainStep(net, _sgd(net))(Tensor(np.ones((16, IN_DIM), np.float32)))
+
+
+# -- 3. a bad optimizer argument, named before MindSpore's code runs ----------------------------------
+
+@pytest.mark.parametrize(("optimizer", "said"), [
+    (None, "got None"),  # before: AttributeError: 'NoneType' object has no attribute 'parameters'
+    (nn.MSELoss(), "got a mindspore.nn.loss.loss.MSELoss; that is a loss function: the step cell takes the "
+                   "network with its loss, {cls}(nn.WithLossCell(net, loss_fn), optimizer{extra})"),
+    (nn.Adam, "got the class mindspore.nn.optim.adam.Adam; pass an instance: "
+              "Adam(net.trainable_params(), learning_rate=...)"),
+    ([1, 2], "got a builtins.list"),
+])
+@pytest.mark.parametrize("cls", [MonitoredTrainStep, MonitoredTrainStepWithLossScale])
+def test_a_bad_optimizer_is_named(cls, optimizer, said):
+    net = nn.WithLossCell(mlp(), nn.MSELoss())
+    args = (Tensor(1024.0, ms.float32),) if cls is MonitoredTrainStepWithLossScale else ()
+    with pytest.raises(TypeError) as raised:
+        cls(net, optimizer, *args)
+    extra = ", scale_sense" if cls is MonitoredTrainStepWithLossScale else ""
+    assert str(raised.value) == (f"{cls.__name__}: optimizer must be a mindspore.nn.Optimizer (or a Cell "
+                                 f"that updates the weights), " + said.format(cls=cls.__name__, extra=extra))
+
+
+def test_a_network_that_is_not_a_cell_is_named():
+    net = mlp()
+    with pytest.raises(TypeError, match=r"MonitoredTrainStep: network must be a mindspore.nn.Cell that "
+                                        r"returns the loss \(e.g. nn.WithLossCell\(net, loss_fn\)\), "
+                                        r"got None"):
+        MonitoredTrainStep(None, _sgd(net))

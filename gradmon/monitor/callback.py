@@ -21,6 +21,7 @@ the abort policy fires.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -38,6 +39,8 @@ from gradmon.monitor.training_state import batch_size, epoch_length, restored_st
 
 __all__ = ["LiveMonitor", "log_file_path", "rank_log_path"]
 
+_log = logging.getLogger("gradmon.monitor.callback")
+
 LOG_FILE_NAME = "metrics.jsonl"
 _EPOCH_LENGTH_NOT_GIVEN = "not given (a hand-written loop: pass steps_per_epoch to start())"
 
@@ -53,6 +56,16 @@ def log_file_path(path: str | os.PathLike[str]) -> str:
     if names_a_file and (text.lower().endswith(".jsonl") or _is_run_log(text)):
         return text
     return os.path.join(text, LOG_FILE_NAME)
+
+
+def note_unlisted_name(log_file: str) -> None:
+    """Say once, at the start, when ``gradmon serve`` will not list ``log_file`` (a run is a
+    directory holding ``metrics.jsonl``): the seed of many a blank page."""
+    if os.path.basename(log_file) != LOG_FILE_NAME:
+        run = os.path.splitext(log_file)[0]
+        _log.warning("gradmon: %s is not named %s, so gradmon serve will not list it (a run is a directory "
+                     "holding %s); LiveMonitor(%r) writes the run %r", log_file, LOG_FILE_NAME, LOG_FILE_NAME,
+                     run, os.path.basename(run))
 
 
 def _is_run_log(path: str) -> bool:
@@ -99,6 +112,7 @@ class LiveMonitor(Callback):
         super().__init__()
         self.settings = MonitorSettings.from_kwargs(type(self).__name__, log_file_path(log_file),
                                                     log_interval=log_interval, **options)
+        note_unlisted_name(self.settings.log_file)
         self._cell: Any = None
         self._optimizer: Any = None
         self._segment: Segment | None = None  # the open (or last) segment
