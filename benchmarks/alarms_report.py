@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Any
 
-from benchmarks.report import table
+from benchmarks.markdown import table
 from gradmon.logformat.jsonl import NONFINITE_STRINGS
 
 RULE_NAMES = {

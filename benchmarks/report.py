@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
+
+from benchmarks.alarms_report import render_section
+from benchmarks.markdown import table
 
 
 def _num(v: Any, fmt: str = ".3f") -> str:
@@ -12,17 +14,6 @@ def _num(v: Any, fmt: str = ".3f") -> str:
     if isinstance(v, (int, float)):
         return format(v, fmt)
     return str(v)
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A GitHub-flavoured Markdown table; cells are ``str()``-ed, ``|`` escaped."""
-
-    def cell(x: Any) -> str:
-        return str(x).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
 
 
 def _skip_or_error(section: dict[str, Any]) -> str | None:
@@ -336,14 +327,8 @@ def _page(sec: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _alarms(sec: dict[str, Any]) -> str:
-    from benchmarks.alarms_report import render_section  # imports this module: not at the top
-
-    return render_section(sec)
-
-
 RENDERERS = {"step": _step, "norm": _norm, "memory": _memory, "logging": _logging, "server": _server,
-             "page": _page, "alarms": _alarms}
+             "page": _page, "alarms": render_section}
 TITLES = {
     "step": "Step overhead",
     "norm": "Norm / clip / history forms (for the cell)",

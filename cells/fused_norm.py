@@ -28,8 +28,8 @@ The primitives are built where the cell is built (``__init__``) and then are ord
 they work in a ``Cell.construct`` in GRAPH and PYNATIVE mode and inside ``@ms.jit`` functions.
 Building one raises :class:`FusedNormUnavailableError` when :func:`fused_norm_available` is False.
 Non-finite gradients give a non-finite result; a sum beyond float32 range reads as ``inf`` (as the
-flat path). :class:`GlobalNorm` is the ready-made fallback: a Cell that uses the kernel when it is
-available and the flat path otherwise.
+flat path). This module is a leaf: it imports no other norm module. The choice between the kernel and
+the stock-op paths is :class:`gradmon.cells.norm_strategies.GlobalNorm`'s (``norm_strategy``).
 
 Environment: ``GRADMON_FUSED_NORM=0`` forces the fallback; ``GRADMON_CXX`` names the compiler;
 ``GRADMON_FUSED_NORM_THREADS`` caps the kernel's threads (default: the CPUs this process may use,
@@ -45,12 +45,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import ops
 from mindspore.common import dtype as mstype
 
 from ._compat import mindspore_version
 from .fused_build import KernelBuildError, call_aot, ensure_library
-from .norm_ops import global_norm, unscaled_global_norm
 
 ENV_SWITCH = "GRADMON_FUSED_NORM"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fused_norm.cc"
@@ -210,27 +209,3 @@ class FusedSquaredNorms(KernelOp):
 
     def output_shape(self, shapes: tuple) -> Any:
         return (len(shapes),)
-
-
-class GlobalNorm(nn.Cell):
-    """float32 global L2 norm of a tuple of tensors: the fused kernel when it is available, else the flat
-    path (:func:`gradmon.cells.norm_ops.global_norm`). Chosen once, at construction.
-
-    ``construct(grads, scale=None)``: with ``scale`` (float32 scalar tensor) the norm of ``grads * scale``.
-    """
-
-    def __init__(self, fused: bool | None = None) -> None:
-        super().__init__()
-        self.fused = fused_norm_available() if fused is None else bool(fused)
-        if self.fused:
-            self.norm_op = FusedGlobalNorm()
-        self.one = Tensor(1.0, ms.float32)
-
-    def construct(self, grads, scale=None):
-        if self.fused:
-            if scale is None:
-                return self.norm_op(self.one, *grads)
-            return self.norm_op(scale, *grads)
-        if scale is None:
-            return global_norm(grads)
-        return unscaled_global_norm(grads, scale)

@@ -16,6 +16,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore.ops import operations as P
 
+from .fused_norm import FusedSquaredNorm, FusedSquaredNorms, fused_norm_available
 from .norm_plan import BUCKET_BYTES, choose_strategy, memory_bound, plan_groups
 from .parallel import ParallelSetup
 
@@ -194,11 +195,8 @@ def bucketed_square_sums(grads: Any, inv_scale: Any, plan: Any, fused_op: Any = 
 
 
 def fused_available() -> bool:
-    """Whether the fused single-pass kernel (``gradmon.cells.fused_norm``) is built and loads here."""
-    try:
-        from .fused_norm import fused_norm_available  # type: ignore[import-not-found]
-    except ImportError:
-        return False
+    """Whether the fused single-pass kernel (``gradmon.cells.fused_norm``) is built and loads here
+    (the first call may build it)."""
     return bool(fused_norm_available())
 
 
@@ -206,9 +204,7 @@ def fused_ops() -> tuple:
     """The fused kernel's primitives (``gradmon.cells.fused_norm``): ``op(scale, *grads)`` giving
     ``scale**2 * sum(g**2)`` as a float32 scalar, and the same per tensor ``[len(grads)]``, both
     accumulated in float64 in one pass."""
-    from . import fused_norm  # type: ignore[attr-defined]
-
-    return fused_norm.FusedSquaredNorm(), fused_norm.FusedSquaredNorms()
+    return FusedSquaredNorm(), FusedSquaredNorms()
 
 
 class GlobalNorm(nn.Cell):

@@ -191,75 +191,118 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
         """Norm, detector, clip, guarded optimizer call and history for one step.
 
         Returns ``(loss, grad_norm, grads)``: ``grads`` after the data-parallel reduction, before clipping.
+        Each stage is a helper a subclass may override; they run in this order (their side effects on
+        the detector state, the loss scale and the ring are ordered by it in GRAPH mode too).
         """
-        local = self._zero
-        if self.local_norm:
-            local, _ = self.local_grad_norm(grads, inv_scale)
-        grads = self.grad_reducer(grads)
-        if self.use_graceful_exit:
-            grads = self.graceful_exit.exit_by_request(grads, self.init_param, self.exit_param)
-        reduced = grads  # what return_grad reports: the stock cell's gradients, before clipping
-        # The strategy chosen at construction (flat: three kernels however many tensors; bucketed:
-        # bounded memory; per_tensor: the form the parallel compiler completes), unscaled first.
-        # (Rescaling stays per tensor: measured, N multiplies beat one multiply plus a Split.)
-        norm, layer_sq = self.grad_norm(grads, inv_scale)
-        if self.layer_stats:
-            ops.assign(self.layer_sq, layer_sq)
+        local = self._local_norm(grads, inv_scale)
+        grads = self._reduce_grads(grads)
+        norm = self._global_norm(grads, inv_scale)
         finite = ops.isfinite(norm)
-
-        zscore = self._zero
-        spike = self._false
-        target = norm
-        if self.spike_on:
-            zscore, spike, target, state = zclip_update(norm, finite, self.spike_state, self.spike_warmup,
-                                                        self.spike_alpha, self.spike_z)
-            ops.assign(self.spike_state, state)
-
-        coef = self._one
-        if self.clips:
-            if self.spike_clip:
-                # Only a spike is clipped to the detector's target: on any other step the target is
-                # the norm itself, whose coefficient norm / (norm + eps) would scale by 0.99999.
-                coef = ops.select(spike, clip_coefficient(norm, target), self._one)
-                if self.has_max_norm:
-                    coef = ops.minimum(coef, clip_coefficient(norm, self._max_norm_t))
-            else:
-                coef = clip_coefficient(norm, self._max_norm_t)
-            coef = ops.select(finite, coef, self._one)
-            if self.loss_scale:
-                grads = scale_grads(grads, coef * inv_scale)
-            elif not self.clip_in_branch:
-                grads = scale_grads(grads, coef)
-        elif self.loss_scale:
-            grads = scale_grads(grads, inv_scale)
-
-        apply = finite
-        if self.may_skip:
-            overflow = ops.logical_not(finite)
-            if self.loss_scaling_manager is not None:
-                overflow = self.loss_scaling_manager(self.scale_sense, ops.depend(overflow, scale_used))
-            if self.skip_nonfinite or self.loss_scale:
-                apply = ops.logical_not(overflow)
-            else:
-                apply = ops.ones_like(finite)
-            if self.spike_skip:
-                apply = ops.logical_and(apply, ops.logical_not(spike))
-            if self.clip_in_branch:
-                # One switch instead of the `if`: 0 skip, 1 apply as is, 2 apply clipped. A step that
-                # needs no clipping makes no pass over the gradients (x * 1.0 would be one).
-                branch = ops.cast(apply, ms.int32) * (1 + ops.cast(coef < 1.0, ms.int32))
-                loss = ops.depend(loss, self.update_branches[branch](grads, coef))
-            elif apply:
-                loss = ops.depend(loss, self.optimizer(grads))
-        else:
-            apply = ops.ones_like(finite)
-            loss = ops.depend(loss, self.optimizer(grads))
-
+        zscore, spike, target = self._spike_status(norm, finite)
+        coef = self._clip_coefficient(norm, finite, spike, target)
+        update = self._update_grads(grads, coef, inv_scale)
+        apply = self._update_allowed(finite, spike, scale_used)
+        loss = self._guarded_update(loss, update, coef, apply)
         if self.history_size > 0:
             clipped = ops.logical_and(apply, coef < 1.0)
             self._record(loss, norm, coef, zscore, clipped, spike, ops.logical_not(apply),
                          ops.logical_not(finite), scale_used, local)
-        return loss, norm, reduced
+        return loss, norm, grads
+
+    def _local_norm(self, grads, inv_scale):
+        """This rank's own norm, before the reduction (``local_norm=True``; else a constant 0)."""
+        if self.local_norm:
+            local, _ = self.local_grad_norm(grads, inv_scale)
+            return local
+        return self._zero
+
+    def _reduce_grads(self, grads):
+        """The data-parallel reduction (and the graceful-exit hook), as ``nn.TrainOneStepCell`` runs it."""
+        grads = self.grad_reducer(grads)
+        if self.use_graceful_exit:
+            grads = self.graceful_exit.exit_by_request(grads, self.init_param, self.exit_param)
+        return grads
+
+    def _global_norm(self, grads, inv_scale):
+        """The global norm, unscaled by ``inv_scale`` where the cell scales (and the per-layer sums).
+
+        The strategy chosen at construction (flat: three kernels however many tensors; bucketed:
+        bounded memory; per_tensor: the form the parallel compiler completes).
+        """
+        norm, layer_sq = self.grad_norm(grads, inv_scale)
+        if self.layer_stats:
+            ops.assign(self.layer_sq, layer_sq)
+        return norm
+
+    def _spike_status(self, norm, finite):
+        """``(zscore, spike, target)`` of the detector, its state advanced (off: ``(0, False, norm)``)."""
+        if self.spike_on:
+            zscore, spike, target, state = zclip_update(norm, finite, self.spike_state, self.spike_warmup,
+                                                        self.spike_alpha, self.spike_z)
+            ops.assign(self.spike_state, state)
+            return zscore, spike, target
+        return self._zero, self._false, norm
+
+    def _clip_coefficient(self, norm, finite, spike, target):
+        """The factor the update's gradients get (1 when nothing clips, and on a non-finite step)."""
+        if not self.clips:
+            return self._one
+        if self.spike_clip:
+            # Only a spike is clipped to the detector's target: on any other step the target is
+            # the norm itself, whose coefficient norm / (norm + eps) would scale by 0.99999.
+            coef = ops.select(spike, clip_coefficient(norm, target), self._one)
+            if self.has_max_norm:
+                coef = ops.minimum(coef, clip_coefficient(norm, self._max_norm_t))
+        else:
+            coef = clip_coefficient(norm, self._max_norm_t)
+        return ops.select(finite, coef, self._one)
+
+    def _update_grads(self, grads, coef, inv_scale):
+        """The gradients the optimizer gets: clipped and unscaled in one pass where either applies.
+
+        (Rescaling stays per tensor: measured, N multiplies beat one multiply plus a Split.) With
+        ``clip_in_branch`` the clip happens inside the update switch, only on steps that clip.
+        """
+        if self.clips:
+            if self.loss_scale:
+                return scale_grads(grads, coef * inv_scale)
+            if not self.clip_in_branch:
+                return scale_grads(grads, coef)
+            return grads
+        if self.loss_scale:
+            return scale_grads(grads, inv_scale)
+        return grads
+
+    def _update_allowed(self, finite, spike, scale_used):
+        """Whether the optimizer runs this step (a bool tensor); runs the loss-scale update cell.
+
+        Like ``TrainOneStepWithLossScaleCell.process_loss_scale``: the overflow flag (a non-finite
+        norm) goes to the update cell, which adjusts the scale; an overflow, or a spike with
+        ``spike_mode="skip"``, means no update.
+        """
+        if not self.may_skip:
+            return ops.ones_like(finite)
+        overflow = ops.logical_not(finite)
+        if self.loss_scaling_manager is not None:
+            overflow = self.loss_scaling_manager(self.scale_sense, ops.depend(overflow, scale_used))
+        # skip_nonfinite is always on with loss scaling; off, only a spike can skip.
+        apply = ops.logical_not(overflow) if self.skip_nonfinite else ops.ones_like(finite)
+        if self.spike_skip:
+            apply = ops.logical_and(apply, ops.logical_not(spike))
+        return apply
+
+    def _guarded_update(self, loss, grads, coef, apply):
+        """The optimizer call, inside a tensor condition when a step may be skipped."""
+        if not self.may_skip:
+            return ops.depend(loss, self.optimizer(grads))
+        if self.clip_in_branch:
+            # One switch instead of the `if`: 0 skip, 1 apply as is, 2 apply clipped. A step that
+            # needs no clipping makes no pass over the gradients (x * 1.0 would be one).
+            branch = ops.cast(apply, ms.int32) * (1 + ops.cast(coef < 1.0, ms.int32))
+            return ops.depend(loss, self.update_branches[branch](grads, coef))
+        if apply:
+            loss = ops.depend(loss, self.optimizer(grads))
+        return loss
 
     def _record(self, loss, norm, coef, zscore, clipped, spike, skipped, nonfinite, scale_used, local):
         """Write this step's row into the ring and bump the counters (a handful of tiny kernels)."""

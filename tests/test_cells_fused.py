@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from gradmon.cells import fused_norm as F
 from gradmon.cells.fused_build import KernelBuildError, find_compiler
-from gradmon.cells.norm_ops import global_norm
+from gradmon.cells.norm_ops import global_norm, unscaled_global_norm
+from gradmon.cells.norm_strategies import fused_available
 from mindspore import Tensor, nn, ops
 
 from examples.models import MLP, TinyTransformer, synthetic_batch, with_loss
@@ -159,8 +160,8 @@ def test_primitives_and_cell_deep_copy():
     grads = (Tensor(np.full((2, 3), 2.0, np.float32)),)
     op = copy.deepcopy(F.FusedSquaredNorms())
     np.testing.assert_array_equal(op(Tensor(1.0, ms.float32), *grads).asnumpy(), [24.0])
-    cell = copy.deepcopy(F.GlobalNorm())
-    assert cell.fused and float(cell(grads).asnumpy()) == np.float32(np.sqrt(24.0))
+    root = copy.deepcopy(F.FusedGlobalNorm())
+    assert float(root(Tensor(1.0, ms.float32), *grads).asnumpy()) == np.float32(np.sqrt(24.0))
 
 
 def test_zero_gradients_and_scalar_scale_shapes():
@@ -212,17 +213,16 @@ def test_inside_a_training_step(mode):
             p.set_data(p - 0.1 * g)
 
 
-def test_global_norm_cell_uses_the_kernel_or_the_flat_path(demo_grads):
+def test_fused_norm_and_the_flat_path_agree(demo_grads):
     arrays = demo_grads["mlp_fp32"]
     grads = _tensors(arrays)
-    fused, flat = F.GlobalNorm(), F.GlobalNorm(fused=False)
-    assert fused.fused and not flat.fused
+    root = F.FusedGlobalNorm()
     exact = _exact(arrays) ** 0.5
-    np.testing.assert_allclose(float(fused(grads).asnumpy()), exact, rtol=1e-7)
-    np.testing.assert_allclose(float(flat(grads).asnumpy()), exact, rtol=1e-6)
+    np.testing.assert_allclose(float(root(Tensor(1.0, ms.float32), *grads).asnumpy()), exact, rtol=1e-7)
+    np.testing.assert_allclose(float(global_norm(grads).asnumpy()), exact, rtol=1e-6)
     half = Tensor(0.5, ms.float32)
-    np.testing.assert_allclose(float(fused(grads, half).asnumpy()), exact / 2, rtol=1e-7)
-    np.testing.assert_allclose(float(flat(grads, half).asnumpy()), exact / 2, rtol=1e-6)
+    np.testing.assert_allclose(float(root(half, *grads).asnumpy()), exact / 2, rtol=1e-7)
+    np.testing.assert_allclose(float(unscaled_global_norm(grads, half).asnumpy()), exact / 2, rtol=1e-6)
 
 
 def test_switch_off_by_env(monkeypatch):
@@ -232,4 +232,4 @@ def test_switch_off_by_env(monkeypatch):
     assert F.library_path() is None
     with pytest.raises(F.FusedNormUnavailableError, match="GRADMON_FUSED_NORM=0"):
         F.FusedSquaredNorm()
-    assert not F.GlobalNorm().fused
+    assert not fused_available()  # what the step cells' norm_strategy='auto' asks

@@ -239,17 +239,18 @@ _FALLBACK_SCRIPT = textwrap.dedent("""
         from mindspore import Tensor
         from gradmon.cells import fused_norm as F
         from gradmon.cells.norm_ops import global_norm
+        from gradmon.cells.norm_strategies import fused_available
         first, second = F.fused_norm_available(), F.fused_norm_available()
         grads = (Tensor(np.full((3, 4), 0.5, np.float32)), Tensor(np.array([2.0], np.float16)))
-        cell = F.GlobalNorm()
-        value = float(cell(grads).asnumpy())
+        fused = fused_available()  # what norm_strategy='auto' asks: the cells then take the stock path
+        value = float(global_norm(grads).asnumpy())
         try:
             F.FusedSquaredNorm()
             raised = ""
         except F.FusedNormUnavailableError as exc:
             raised = str(exc)
     ours = [str(w.message) for w in caught if issubclass(w.category, F.FusedNormFallbackWarning)]
-    print(json.dumps({"available": [first, second], "fused_cell": cell.fused, "value": value,
+    print(json.dumps({"available": [first, second], "fused_cell": fused, "value": value,
                       "flat": float(global_norm(grads).asnumpy()), "raised": raised, "warnings": ours,
                       "reason": F.fused_norm_unavailable_reason()}))
 """)

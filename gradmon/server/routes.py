@@ -31,8 +31,8 @@ from gradmon.server.responses import (
 )
 
 if TYPE_CHECKING:
-    from gradmon.server.app import GradmonServer
     from gradmon.server.runs import Run
+    from gradmon.server.served import RouteHost
 
 __all__ = ["STATIC_DIR", "HttpRoutes"]
 
@@ -50,9 +50,13 @@ assets are missing from <code>gradmon/static/</code>. Build them with <code>make
 
 
 class HttpRoutes:
-    """Answers the HTTP requests of one server (its runs, token, static directory, workers)."""
+    """Answers the HTTP requests of one server (its runs, token, static directory, workers).
 
-    def __init__(self, server: GradmonServer, static_dir: Path | None = None) -> None:
+    ``server``: anything with the attributes of :class:`~gradmon.server.served.RouteHost` (the
+    ``GradmonServer`` that owns these routes, or a fake in tests).
+    """
+
+    def __init__(self, server: RouteHost, static_dir: Path | None = None) -> None:
         self.server = server
         self.static_dir = Path(static_dir) if static_dir is not None else STATIC_DIR
         self._static: dict[str, Path] = {}

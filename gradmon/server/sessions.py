@@ -4,7 +4,7 @@ A session feeds the client's messages (``subscribe``) to its per-run streams
 (``stream.RunStream``) and carries out what they ask: ``reset`` messages, catch-ups read back
 from the file. Bad messages get one bounded ``error`` each; a client that keeps sending them, or
 that does not read (its queue overflows with messages that cannot be dropped), is closed. The
-server's fan-out of new records is ``GradmonServer``'s (app.py).
+server's fan-out of new records is ``GradmonServer``'s (app.py), which creates the sessions.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gradmon.server.stream import Action, Check, CursorError, Position, Reset, R
 from gradmon.server.tail import read_lines
 
 if TYPE_CHECKING:
-    from gradmon.server.app import GradmonServer
+    from gradmon.server.served import SessionHost
 
 __all__ = ["MAX_ERROR_TEXT", "MAX_SUBSCRIBE_RUNS", "Sessions"]
 
@@ -32,9 +32,13 @@ MAX_ERROR_TEXT = 1_000  # characters of an `error` message's text
 
 
 class Sessions:
-    """The connected clients of one server and their WebSocket sessions."""
+    """The connected clients of one server and their WebSocket sessions.
 
-    def __init__(self, server: GradmonServer) -> None:
+    ``server``: anything with the attributes of :class:`~gradmon.server.served.SessionHost` (the
+    ``GradmonServer`` that owns the sessions, or a fake in tests).
+    """
+
+    def __init__(self, server: SessionHost) -> None:
         self.server = server
         self.clients: set[Client] = set()
         self._closing: set[asyncio.Task] = set()  # closing the connections of dropped clients

@@ -1,18 +1,17 @@
-/* Everything the page keeps of one run: a series per field, marks, events, headers, cursor. Pure.
+/* Everything the page keeps of one run: a series per field, headers, cursor, and (runmarks.js) its
+ * marks and events. Pure.
  *
- * History (possibly downsampled) and live records merge by step (series.js). A resumed run's new
- * segment (a header, then steps that go back) replaces what older segments logged at the steps it
- * covers, from its first step to its last, as the server's history does (docs/format.md): the
- * older steps after a rollback's last step stay. Marks are the writer's flags and non-finite values
- * only (a loss-scale overflow is a skip, not a non-finite mark); the page computes no spike rule of
- * its own (alarms come as events, see alarms.js).
+ * History (possibly downsampled) and live records merge by step (series.js); server answers are
+ * loaded by runload.js. A resumed run's new segment (a header, then steps that go back) replaces
+ * what older segments logged at the steps it covers, from its first step to its last, as the
+ * server's history does (docs/format.md): the older steps after a rollback's last step stay.
  */
 (function (root, factory) {
   "use strict";
   const isNode = typeof module !== "undefined" && module.exports;
   const deps = isNode
     ? Object.assign({}, require("./schema.js"), require("./jsonl.js"), require("./series.js"), require("./smoothing.js"),
-      require("./segments.js"), require("./alarms.js"))
+      require("./segments.js"), require("./alarms.js"), require("./runmarks.js"), require("./runload.js"))
     : root.GradmonLib;
   const api = factory(deps);
   if (isNode) module.exports = api;
@@ -25,10 +24,6 @@
   const NOT_CURVES = new Set(["type", ...lib.SCHEMA.NOT_SERIES, ...lib.SCHEMA.FLAG_FIELDS]);
   const MARK_FLAGS = lib.SCHEMA.MARK_FLAGS;
   const OVERFLOW = lib.SCHEMA.OVERFLOW_REASON;
-  const MAX_MARKS = 20000; // as the server's history
-  const MAX_EVENTS = 1000;
-  const MAX_ALARM_EVENTS = 5000;
-  const ALARM_KINDS = new Set(["alarm", "alarm_end", "abort"]);
   const lowerBound = lib.lowerBound;
 
   class RunData {
@@ -44,15 +39,10 @@
 
     reset() {
       this.series = new Map();
-      this.marks = new Map(); // "kind:step" (nonfinite: "nonfinite:field:step") -> {kind, step, field, value, sources}
-      this.flagSteps = null; // steps of the spike and skip marks (built when asked, dropped when marks go)
-      this.events = []; // the latest events other than alarms
-      this.alarmEvents = []; // alarm, alarm_end and abort events, in file order, each once
-      this.alarmKeys = new Set(); // alarmKey of each of them
       this.headers = [];
       this.headerKeys = new Set();
       this.segments = new lib.SegmentCover(); // which steps a new segment replaces (segments.js)
-      this.eventTags = new WeakMap(); // event record -> the segment tag it came with
+      this.noted = new lib.RunMarks(this.segments); // marks and events (runmarks.js)
       this.cursor = null;
       this.exact = true; // the base series hold every step of the run (false when downsampled or decimated)
       this.detail = null; // a window fetched on zoom: {start, end, exact, smoothFrom, series: Map}
@@ -62,6 +52,26 @@
       this.malformed = 0;
       this.version++;
       this.smoothCache = new Map();
+    }
+
+    /** "kind:step" (nonfinite: "nonfinite:field:step") -> {kind, step, field, value, sources, seg}. */
+    get marks() {
+      return this.noted.marks;
+    }
+
+    /** The latest events other than alarms. */
+    get events() {
+      return this.noted.events;
+    }
+
+    /** Alarm, alarm_end and abort events, in file order, each once. */
+    get alarmEvents() {
+      return this.noted.alarmEvents;
+    }
+
+    /** Record keys that are not curves (runload.js skips them in history answers too). */
+    get notCurves() {
+      return NOT_CURVES;
     }
 
     get header() {
@@ -112,67 +122,34 @@
       return s && s.length ? s.values[s.length - 1] : null;
     }
 
-    _keep() {
-      return (step) => this.flagged(step);
-    }
-
     /** Whether a step carries a detector flag (spike or skip): left out of a chart's outlier range. */
     flagged(step) {
-      return this._flagSteps().has(step);
+      return this.noted.flagged(step);
     }
 
     /** Whether any step carries a detector flag. */
     hasFlags() {
-      return this._flagSteps().size > 0;
-    }
-
-    /** The steps with a spike or skip mark, as numbers (a redraw asks once per point in view). */
-    _flagSteps() {
-      if (!this.flagSteps) {
-        this.flagSteps = new Set();
-        for (const m of this.marks.values()) if (m.kind === "spike" || m.kind === "skip") this.flagSteps.add(m.step);
-      }
-      return this.flagSteps;
+      return this.noted.hasFlags();
     }
 
     _put(field, step, value) {
-      this.get(field).put(step, value, this._keep());
+      this.get(field).put(step, value, (st) => this.noted.flagged(st));
       this.segments.held(step);
     }
 
-    /** A mark (`reason`: a skip's reason, e.g. "overflow"). */
+    /** A mark (`reason`: a skip's reason, e.g. "overflow"); see RunMarks.add. */
     addMark(kind, step, field, value, source, reason) {
-      // One spike/skip mark per step; non-finite marks per field (loss and norm can both be NaN).
-      const key = kind === "nonfinite" ? "nonfinite:" + field + ":" + step : kind + ":" + step;
-      const m = this.marks.get(key);
-      const seg = this.segments.tag();
-      if (m) {
-        if (!m.sources.includes(source)) m.sources.push(source);
-        if (m.value === undefined && value !== undefined) m.value = value;
-        if (m.reason === undefined && reason !== undefined) m.reason = reason;
-        if (seg > m.seg) m.seg = seg; // asserted again by a newer segment
-        return m;
-      }
-      if (this.marks.size >= MAX_MARKS) return null; // as the server: the first ones are kept
-      const mark = { kind, step, field, value, sources: [source], seg };
-      if (reason !== undefined) mark.reason = reason;
-      this.marks.set(key, mark);
-      if (this.flagSteps && (kind === "spike" || kind === "skip")) this.flagSteps.add(step);
-      this.segments.held(step);
-      return mark;
+      return this.noted.add(kind, step, field, value, source, reason);
     }
 
     /** Whether `step` is a loss-scale overflow (a skip whose non-finite norm is expected). */
     overflowAt(step) {
-      const m = this.marks.get("skip:" + step);
-      return !!m && m.reason === OVERFLOW;
+      return this.noted.overflowAt(step);
     }
 
     /** Marks of a kind ("spike", "nonfinite", "skip"), sorted by step. */
     marksOf(kind) {
-      const out = [];
-      for (const m of this.marks.values()) if (m.kind === kind) out.push(m);
-      return out.sort((a, b) => a.step - b.step);
+      return this.noted.of(kind);
     }
 
     /** Take one decoded or wire record (non-finite strings are decoded here). Returns true if it changed data. */
@@ -197,23 +174,23 @@
           }
           return true;
         case "header":
-          this._addHeader(rec);
+          this.addHeader(rec);
           return true;
         case "event":
-          this._ingestEvent(rec);
+          this.noted.addEvent(rec);
           return true;
         case "end":
           this.ended = rec;
           return true;
         case "layers":
-          return this._setLayers(rec);
+          return this.setLayers(rec);
         default:
           return false; // unknown record types are ignored (forward compatibility)
       }
     }
 
     /** A header seen again (a resubscribe resending it) is not a new segment. */
-    _addHeader(rec) {
+    addHeader(rec) {
       const key = rec.run_id !== undefined ? String(rec.run_id) + "@" + rec.start_time : JSON.stringify(rec);
       if (this.headerKeys.has(key)) return false;
       this.headerKeys.add(key);
@@ -227,7 +204,7 @@
      * Keep the latest `layers` record in file order (a resumed run's lower step still wins; records
      * re-sent after a resubscribe end with the newest one again).
      */
-    _setLayers(rec) {
+    setLayers(rec) {
       if (!rec || !Array.isArray(rec.top)) return false;
       this.layers = rec;
       this.layersVersion++;
@@ -240,15 +217,8 @@
      * a rolled-back run shows each step once and keeps the old steps after the rollback's last one.
      */
     replaceRange(from, to) {
-      const older = (tag) => this.segments.older(tag);
-      const inRange = (s) => typeof s === "number" && s >= from && s <= to;
       for (const s of this.series.values()) s.removeRange(from, to);
-      for (const [k, m] of this.marks) if (inRange(m.step) && older(m.seg)) this.marks.delete(k);
-      this.flagSteps = null;
-      const keep = (e) => !(inRange(e.step) && older(this.eventTags.get(e)));
-      this.events = this.events.filter(keep);
-      this.alarmEvents = this.alarmEvents.filter(keep);
-      this.alarmKeys = new Set(this.alarmEvents.map(lib.alarmKey));
+      this.noted.replaceRange(from, to);
       if (this.detail && this.detail.start <= to && this.detail.end >= from) this.detail = null;
     }
 
@@ -279,109 +249,14 @@
       }
     }
 
-    _ingestEvent(rec) {
-      if (ALARM_KINDS.has(rec.kind)) {
-        // An incident is kept once, however often its events arrive (history, live, resent).
-        const key = lib.alarmKey(rec);
-        if (this.alarmKeys.has(key)) return;
-        this.alarmKeys.add(key);
-        this.eventTags.set(rec, this.segments.tag());
-        this.alarmEvents.push(rec);
-        if (this.alarmEvents.length > MAX_ALARM_EVENTS) this.alarmKeys.delete(lib.alarmKey(this.alarmEvents.shift()));
-      } else {
-        this.eventTags.set(rec, this.segments.tag());
-        this.events.push(rec);
-        if (this.events.length > MAX_EVENTS) this.events.shift();
-      }
-      this.segments.held(rec.step);
-      if (typeof rec.step === "number" && (rec.kind === "spike" || rec.kind === "skip" || rec.kind === "nonfinite")) {
-        const value = typeof rec.grad_norm === "number" ? rec.grad_norm : undefined;
-        const reason = rec.kind === "skip" && typeof rec.reason === "string" ? rec.reason : undefined;
-        this.addMark(rec.kind, rec.step, "grad_norm", value, "event", reason);
-      }
-    }
-
-    /**
-     * Replace everything with a whole-run /history response (see docs/protocol.md). `info` (the
-     * run's /api/runs entry) supplies first_ts/last_ts to place history steps in time when the
-     * response carries no `ts` series (linear between the first and last step).
-     */
+    /** Replace everything with a whole-run /history response (runload.js, docs/protocol.md). */
     loadHistory(resp, info) {
-      const keepSkipped = this.skippedLines;
-      this.reset();
-      this.skippedLines = keepSkipped;
-      this.cursor = resp.cursor || null;
-      this.segments.fromServer = true;
-      for (const m of resp.marks || []) this._serverMark(m);
-      for (const h of resp.headers || []) this._addHeader(lib.decodeNonFinite(h));
-      // The history already applied the latest-segment rule; live steps of the latest segment
-      // extend its cover from its last step on (unknown from an older server: from the next step).
-      this.segments.continueFrom(resp.latest_segment);
-      for (const e of resp.events || []) this._ingestEvent(lib.decodeNonFinite(e));
-      const keep = this._keep();
-      const load = (prefix, group) => {
-        for (const name of Object.keys(group || {})) {
-          if (prefix === "" && NOT_CURVES.has(name) && name !== "ts") continue;
-          const s = group[name];
-          const values = lib.decodeArray(s.value);
-          const series = this.get(prefix + name);
-          series.setAll(s.step || [], values, keep);
-          if (series.length) this.segments.held(series.steps[series.length - 1]);
-          (s.step || []).forEach((st, i) => {
-            if (Number.isFinite(values[i]) || (prefix === "" && name !== "loss" && this.overflowAt(st))) return;
-            this.addMark("nonfinite", st, prefix + name, values[i], "server");
-          });
-        }
-      };
-      this.exact = true;
-      load("", resp.series);
-      load("eval/", resp.eval);
-      load("system/", resp.system);
-      if (resp.exact === false) this.exact = false;
-      if (resp.layers) this._setLayers(lib.decodeNonFinite(resp.layers));
-      const ts = this.series.get("ts");
-      if ((!ts || !ts.length) && info && typeof info.first_ts === "number" && typeof info.last_ts === "number") {
-        const a = this.firstStep;
-        const b = this.lastStep;
-        if (a !== null && b !== null) this.get("ts").setAll(a === b ? [a] : [a, b], a === b ? [info.last_ts] : [info.first_ts, info.last_ts]);
-      }
-      this.malformed = typeof resp.malformed === "number" ? resp.malformed : 0;
-      this.segments.fromServer = false;
-      this.version++;
+      lib.loadHistory(this, resp, info);
     }
 
-    /**
-     * Keep a window of a zoomed range (pass null to drop it). `smoothFrom`: the first step whose
-     * smoothed value is trusted (the window was fetched with a lead-in before it), when known.
-     */
+    /** Keep a window of a zoomed range, or drop it with null (runload.js). */
     setDetail(resp, smoothFrom) {
-      if (!resp) {
-        this.detail = null;
-        this.version++;
-        return;
-      }
-      const series = new Map();
-      const add = (prefix, group) => {
-        for (const name of Object.keys(group || {})) {
-          if (prefix === "" && NOT_CURVES.has(name) && name !== "ts") continue;
-          series.set(prefix + name, { start: resp.start, end: resp.end, steps: group[name].step || [], values: lib.decodeArray(group[name].value) });
-        }
-      };
-      add("", resp.series);
-      add("eval/", resp.eval);
-      add("system/", resp.system);
-      this.segments.fromServer = true;
-      for (const m of resp.marks || []) this._serverMark(m);
-      this.segments.fromServer = false;
-      const exact = resp.exact !== false;
-      this.detail = { start: resp.start, end: resp.end, exact, smoothFrom: exact ? smoothFrom : undefined, series };
-      this.version++;
-    }
-
-    /** A mark of a history response (docs/protocol.md). */
-    _serverMark(m) {
-      const reason = typeof m.reason === "string" ? m.reason : undefined;
-      this.addMark(m.kind, m.step, m.field || "grad_norm", lib.decodeNumber(m.value), "server", reason);
+      lib.setDetail(this, resp, smoothFrom);
     }
 
     /** The points to draw for `field`: the base series with the zoom window spliced in. */
