@@ -236,7 +236,8 @@ def test_sender_posts_one_message_per_alarm(receiver):
         await _until(lambda: len(hook.bodies) == 1)
         abort = {"type": "event", "kind": "abort", "step": 31, "ts": time.time(), "message": "m"}
         sender.feed("exp1", [abort])
-        await _until(lambda: len(hook.bodies) == 2)
+        # The receiver records a body before it answers: wait for the sender to read the answer too.
+        await _until(lambda: len(hook.bodies) == 2 and sender.stats()["sent"] == 2)
         await sender.close()
         return sender.stats()
 
