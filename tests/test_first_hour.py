@@ -56,6 +56,24 @@ def test_a_log_serve_will_not_list_is_said_at_the_start(tmp_path, caplog):
     assert "will not list" not in caplog.text
 
 
+def test_serve_says_when_the_logs_under_its_root_are_not_runs(tmp_path):
+    from gradmon.server.cli import no_runs_note
+
+    logs = tmp_path / "logs"
+    (logs / "sweep").mkdir(parents=True)
+    (logs / "sweep" / "demo_metrics.jsonl").write_text('{"type": "header", "schema": 1}\n')
+    demo = logs / "sweep" / "demo_metrics"
+    # printed by `gradmon serve` after "serving runs under ..."; before: nothing, and a blank page
+    assert no_runs_note(str(logs)) == (
+        f"no runs under {logs} yet (a run is a directory holding metrics.jsonl), but {demo}.jsonl is a log "
+        f"that is not a run: LiveMonitor('{demo}') writes the run 'demo_metrics' (or move the file to "
+        f"{demo}/metrics.jsonl)")
+    (logs / "exp001").mkdir()
+    (logs / "exp001" / "metrics.jsonl").write_text('{"type": "header", "schema": 1}\n')
+    assert no_runs_note(str(logs)) is None  # a root with runs: nothing to say
+    assert no_runs_note(str(tmp_path / "absent")) is None
+
+
 def test_the_path_rule(tmp_path):
     assert log_file_path(tmp_path / "run.jsonl") == str(tmp_path / "run.jsonl")
     assert log_file_path(tmp_path / "RUN.JSONL") == str(tmp_path / "RUN.JSONL")
