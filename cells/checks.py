@@ -99,16 +99,20 @@ def check_step_inputs(count, checks):
 
 
 def check_loss_output(outputs, checks):
-    """``outputs`` when its first element (or itself) is a float scalar loss; else a ``TypeError``
-    / ``ValueError`` naming ``nn.WithLossCell``. Shape ``(1,)`` counts as scalar; a dynamic
-    shape is left to run. With ``require_scalar_loss=False`` (in ``checks``, :func:`step_checks`)
-    any float tensor passes (``nn.TrainOneStepCell``'s behaviour: the gradients are of
-    ``sum(output * sens)``)."""
+    """``outputs`` when its first element (or itself) is a float scalar loss Tensor; else a
+    ``TypeError`` / ``ValueError`` naming ``nn.WithLossCell``. A first output that is no Tensor at
+    all is left to :func:`gradmon.cells.layouts.split_network_outputs`, which refuses it. Shape
+    ``(1,)`` counts as scalar; a dynamic shape is left to run. With ``require_scalar_loss=False``
+    (in ``checks``, :func:`step_checks`) any float tensor passes (``nn.TrainOneStepCell``'s
+    behaviour: the gradients are of ``sum(output * sens)``)."""
     owner, usage, require_scalar = checks[0], checks[1], checks[5]
-    first = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+    first = outputs
+    if isinstance(outputs, (tuple, list)):
+        if not outputs:
+            return outputs  # layouts.split_network_outputs says what to return instead
+        first = outputs[0]
     if not isinstance(first, Tensor):
-        raise TypeError(owner + ": the network's first output must be the loss (a float scalar Tensor); "
-                        "return the loss, or (loss, *extra): " + usage)
+        return outputs  # a nested tuple, a dict: layouts.split_network_outputs says what to return
     if first.dtype not in _FLOAT_TYPES:
         raise TypeError(owner + ": the network's first output must be the loss, a float scalar, but its "
                         "dtype is " + str(first.dtype) + " (labels? class ids?); return the loss: " + usage)
