@@ -12,6 +12,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import ops
 
+from .forensics import TOP_LAYERS, read_forensics
 from .history import HistorySnapshot, unroll_ring
 from .layer_stats import current_lr, layer_rows
 
@@ -64,3 +65,14 @@ class HostReadMixin:
         param_sq = param_square_norms(tuple(self.weights))
         return layer_rows(self.weight_names, grad_sq.tolist(), param_sq.tolist(), current_lr(self.optimizer),
                           top_k=top_k, groups=groups)
+
+    def gradmon_forensics(self, steps_back: int = 0, top_k: int = TOP_LAYERS) -> dict | None:
+        """Per-layer norms (top ``top_k``), each rank's norm and the sample ids of the step ``steps_back``
+        before the last one run, from the forensics rings (``forensics=K``; a few device reads).
+
+        None when the cell keeps no forensics (``forensics=0``); ``{"missing": why}`` when that step
+        has left the ring (``steps_back >= K``). See :func:`gradmon.cells.forensics.forensics_fields`.
+        """
+        if not getattr(self, "forensics_on", False):
+            return None
+        return read_forensics(self, int(steps_back), top_k)

@@ -9,6 +9,12 @@ from typing import Any
 
 import numpy as np
 
+# Forensics (gradmon.cells.forensics): columns of the per-layer ring at most (past this, parameters
+# are grouped by name prefix; K x 512 float32 is 16 KiB at K=8, one small read at an alarm), and
+# the layers an alarm event names, largest first.
+MAX_FORENSICS_COLUMNS = 512
+TOP_LAYERS = 10
+
 
 def current_lr(optimizer: Any) -> float:
     """Learning rate of ``optimizer`` now (first group when grouped); NaN if it cannot tell."""
@@ -60,3 +66,64 @@ def layer_rows(names: Sequence[str], grad_sq: Sequence[float], param_sq: Sequenc
     # NaN compares false with everything: sort non-finite norms first explicitly.
     rows.sort(key=_sort_key)
     return rows if top_k is None else rows[: max(0, int(top_k))]
+
+
+def forensics_columns(names: Sequence[str],
+                      max_columns: int = MAX_FORENSICS_COLUMNS) -> tuple[list[str], list[int] | None]:
+    """The per-layer ring's columns for parameters ``names``: ``(column names, group of each parameter)``.
+
+    Up to ``max_columns`` parameters: one column each (``groups`` is None). More: parameters are
+    grouped by the longest dotted name prefix that gives at most ``max_columns`` groups
+    (``blocks.3.attn.q.weight`` -> ``blocks.3.attn``, then ``blocks.3``, ...), in order of first
+    appearance; if even the first name part gives too many, consecutive runs of parameters.
+    """
+    if max_columns < 1:
+        raise ValueError(f"max_columns must be >= 1, got {max_columns}")
+    names = list(names)
+    if len(names) <= max_columns:
+        return names, None
+    depth = max(n.count(".") for n in names)
+    for d in range(depth, 0, -1):
+        keys = [".".join(n.split(".")[:d]) for n in names]
+        order = list(dict.fromkeys(keys))
+        if len(order) <= max_columns:
+            index = {k: i for i, k in enumerate(order)}
+            return order, [index[k] for k in keys]
+    per = math.ceil(len(names) / max_columns)
+    groups = [i // per for i in range(len(names))]
+    runs = [(g * per, min(len(names), (g + 1) * per) - 1) for g in range(groups[-1] + 1)]
+    columns = [names[a] if a == b else f"{names[a]}..{names[b]}" for a, b in runs]
+    return columns, groups
+
+
+def forensics_fields(columns: Sequence[str], layer_sq: Sequence[float], rank_norms: Sequence[float] | None,
+                     sample_ids: Sequence[Sequence[int]] | None, top_k: int = TOP_LAYERS) -> dict[str, Any]:
+    """The ``forensics`` object of an alarm event from one step's ring rows (docs/format.md).
+
+    ``layers``: the ``top_k`` largest per-layer norms ``{name, grad_norm}`` (non-finite first),
+    ``layer_count`` the columns kept; ``rank_norms`` each rank's own norm, by rank, and
+    ``top_rank`` the largest (a non-finite one counts as largest); ``sample_ids`` the ids by rank.
+    """
+    rows = []
+    for name, sq in zip(columns, layer_sq):
+        sq = float(sq)
+        rows.append({"name": name, "grad_norm": math.sqrt(sq) if sq >= 0.0 else math.nan})
+    # NaN compares false with everything: non-finite norms sort first explicitly.
+    rows.sort(key=_sort_key)
+    out: dict[str, Any] = {"layers": rows[: max(0, int(top_k))], "layer_count": len(rows)}
+    if rank_norms is not None and len(rank_norms):
+        norms = [float(v) for v in rank_norms]
+        out["rank_norms"] = norms
+        # The largest rank's norm; a non-finite one counts as larger than any.
+        out["top_rank"] = min(range(len(norms)), key=lambda i: _sort_key({"grad_norm": norms[i]}))
+    if sample_ids is not None:
+        out["sample_ids"] = [[int(i) for i in ids] for ids in sample_ids]
+    return out
+
+
+def ring_slot(total: int, size: int, steps_back: int) -> int | None:
+    """Row of a ring of ``size`` rows after ``total`` writes that holds the write ``steps_back``
+    before the last (0: the last); None when it was never written or has been overwritten."""
+    if steps_back < 0 or steps_back >= min(total, size):
+        return None
+    return (total - 1 - steps_back) % size

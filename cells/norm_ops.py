@@ -6,7 +6,8 @@ backends each op is a launch (tens of microseconds on CPU), so the norm is one c
 flat views, one square and one sum — three kernels however many tensors — instead of two per tensor.
 Under semi_auto/auto parallel they switch to the per-tensor ``grad_scale`` form the parallel
 compiler completes (see :mod:`gradmon.cells.norm_strategies`); hand-sharded tensors are named
-with ``shard_group`` and ``sharded``.
+with ``shard_group`` and ``sharded``; HyperParallel DTensor parameters with ``layout=``
+(:class:`gradmon.cells.DTensorLayout`) or ``params=``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 import mindspore as ms
 from mindspore import Tensor, ops
 
+from .dtensor_layout import DTensorLayout, is_dtensor
+from .dtensor_norm import dtensor_square_sum, local_tensors
 from .norm_plan import plan_groups
 from .norm_strategies import (
     REPLICATED,
@@ -67,7 +70,32 @@ def _check_shard_args(count: int, shard_group: Any, sharded: Any) -> None:
         raise ValueError(f"shard_group={shard_group!r} is given but sharded marks no tensor")
 
 
-def global_norm(grads: Any, shard_group: str | None = None, sharded: Sequence[bool] | None = None) -> Tensor:
+def _layout_for(grads: Any, layout: DTensorLayout | None, params: Sequence[Any] | None,
+                shard_group: Any) -> DTensorLayout | None:
+    count = len(grads)
+    if params is not None:
+        if layout is not None:
+            raise ValueError("pass layout= or params=, not both (params= builds the layout each call)")
+        layout = DTensorLayout.from_params(params)
+    if layout is None:
+        if shard_group is None and any(is_dtensor(g) for g in grads):
+            # DTensor gradients carry their own layout: never a silent per-rank norm.
+            return DTensorLayout.from_params(grads)
+        return None
+    if not isinstance(layout, DTensorLayout):
+        raise TypeError(f"layout must be a DTensorLayout (DTensorLayout.from_params(params)), got "
+                        f"{type(layout).__name__}")
+    if shard_group is not None:
+        raise ValueError("shard_group/sharded are for layerwise_parallel parameters; a DTensorLayout "
+                         "already names every parameter's mesh groups")
+    if len(layout.plans) != count:
+        raise ValueError(f"the layout has {len(layout.plans)} parameters for {count} gradients (build it "
+                         "from the parameters the gradients are of, in the same order)")
+    return layout
+
+
+def global_norm(grads: Any, shard_group: str | None = None, sharded: Sequence[bool] | None = None, *,
+                layout: DTensorLayout | None = None, params: Sequence[Any] | None = None) -> Tensor:
     """L2 norm over every element of a tuple/list of tensors, as a float32 scalar tensor.
 
     Equals ``sqrt(sum_i sum(g_i ** 2))`` computed in float32. Non-finite inputs give a non-finite
@@ -79,9 +107,22 @@ def global_norm(grads: Any, shard_group: str | None = None, sharded: Sequence[bo
     tensors' squares, which count once (they are the same on every rank of the group): every rank
     gets the norm of the whole, unsharded gradients. Under semi_auto/auto parallel the per-tensor
     ``grad_scale`` form is used, which the parallel compiler completes.
+
+    HyperParallel DTensor parameters (``shard_module``, FSDP placements): pass ``layout`` (a
+    :class:`~gradmon.cells.DTensorLayout` built once from the parameters, the form for a training
+    loop and for ``@mindspore.jit``) or ``params`` (the parameters, in the gradients' order; the
+    layout is read on each call and it refuses replicated mesh dims, which need
+    ``DTensorLayout.from_params(params, replicate_grads=...)``). Each gradient's local sum of squares is
+    then all-reduced over the mesh groups of the dims it is sharded on, partial sums are summed before
+    squaring, and every rank gets the norm of the whole gradients (:mod:`gradmon.cells.dtensor_norm`).
+    DTensor gradients are read through their local tensors; given without ``layout``/``params``,
+    their own placements are the layout.
     """
     if len(grads) == 0:
         raise ValueError("global_norm needs at least one tensor")
+    layout = _layout_for(grads, layout, params, shard_group)
+    if layout is not None:
+        return ops.sqrt(dtensor_square_sum(local_tensors(grads), layout))
     _check_shard_args(len(grads), shard_group, sharded)
     if _compiler_completes():
         if shard_group is not None:
@@ -123,14 +164,16 @@ def clip_coefficient(norm: Tensor, max_norm: Any) -> Tensor:
 
 
 def clip_by_global_norm(grads: Any, max_norm: Any, shard_group: str | None = None,
-                        sharded: Sequence[bool] | None = None) -> tuple:
+                        sharded: Sequence[bool] | None = None, *, layout: DTensorLayout | None = None,
+                        params: Sequence[Any] | None = None) -> tuple:
     """Scale ``grads`` so their global L2 norm is at most ``max_norm``.
 
     Returns ``(clipped_grads, norm)`` where ``norm`` is the float32 global norm before clipping and
     ``clipped_grads[i] = grads[i] * min(1, max_norm / (norm + 1e-6))`` (the rule of
     ``torch.nn.utils.clip_grad_norm_``). A non-finite norm yields non-finite gradients; the
     monitored train step skips such steps instead of applying them. ``shard_group``/``sharded``:
-    as in :func:`global_norm` (every rank then applies the same coefficient).
+    as in :func:`global_norm` (every rank then applies the same coefficient); so are ``layout`` /
+    ``params`` (each gradient is scaled as it is given: a local shard, or a DTensor).
     """
-    norm = global_norm(grads, shard_group, sharded)
+    norm = global_norm(grads, shard_group, sharded, layout=layout, params=params)
     return scale_grads(grads, clip_coefficient(norm, max_norm)), norm

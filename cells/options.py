@@ -50,6 +50,11 @@ class StepOptions:
       the other ranks' slices of sharded parameters).
     - ``layer_stats``: keep the last step's per-parameter squared gradient norms on device for
       ``gradmon_layer_stats``.
+    - ``forensics``: keep the last this many steps' per-layer gradient norms (and, under data
+      parallel, each rank's own norm) on device, for the alarm events' forensics (0: off, no cost;
+      see :mod:`gradmon.cells.forensics`).
+    - ``forensics_ids``: the step's last input is a vector of this many sample ids (the dataset's
+      index column, per rank), kept with the forensics and not passed to the network (0: none).
     - ``output_layout``: what the cells return, ``"gradmon"`` or ``"mindformers"`` (see
       :mod:`gradmon.cells.layouts`).
     - ``norm_strategy``: how the norm is computed: ``"auto"`` (default), ``"flat"``, ``"bucketed"``,
@@ -71,6 +76,8 @@ class StepOptions:
     history_size: int = 1024
     local_norm: bool = False
     layer_stats: bool = False
+    forensics: int = 0
+    forensics_ids: int = 0
     output_layout: str = "gradmon"
     norm_strategy: str = "auto"
     shard_group: str | None = None
@@ -89,6 +96,13 @@ class StepOptions:
             raise ValueError("history_size must be an int >= 0 (0 disables the ring), "
                              f"got {self.history_size!r}")
         set_(self, "history_size", int(self.history_size))
+        for name in ("forensics", "forensics_ids"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0 (0: off), got {value!r}")
+            set_(self, name, int(value))
+        if self.forensics_ids and not self.forensics:
+            raise ValueError("forensics_ids needs forensics=K > 0 (the steps whose sample ids are kept)")
         for name in ("skip_nonfinite", "local_norm", "layer_stats", "require_scalar_loss"):
             set_(self, name, _flag(name, getattr(self, name)))
         if self.norm_strategy not in NORM_STRATEGIES:

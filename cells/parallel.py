@@ -14,6 +14,9 @@ What is handled:
   the per-tensor ``grad_scale`` form, which MindSpore's parallel compiler completes (division by
   each parameter's replica count, all-reduce within the stage, all-reduce between stages). A
   parameter used by cells of several pipeline stages (tied embeddings) counts on its first stage.
+
+Refused here and computed by the functional form instead: HyperParallel DTensor parameters
+(``placements`` + ``device_mesh``; :mod:`gradmon.cells.dtensor_layout`), which train in PyNative loops.
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ SUPPORTED = ("supported: stand_alone and data_parallel (hand-sharded parameters 
              "layerwise_parallel=True with shard_group=<their communication group>), semi_auto_parallel and "
              "auto_parallel "
              "(norm_strategy='per_tensor' or 'auto'; pipeline stages and the parallel optimizer included)")
+
+
+DTENSOR_FUNCTIONAL = ("use the functional form in the training loop: "
+                      "gradmon.cells.clip_by_global_norm(grads, max_norm, "
+                      "layout=DTensorLayout.from_params(params, replicate_grads=...)) or "
+                      "gradmon.cells.global_norm(grads, layout=...), which all-reduce over the mesh groups "
+                      "the placements name")
 
 
 class UnsupportedParallelError(ValueError):
@@ -67,14 +77,27 @@ class ParallelSetup:
 
 def check_parallel(mode: str, *, pipeline_stages: int, sharded: Sequence[bool],
                    pynative_shard: Sequence[str], shard_group: str | None, comm_initialized: bool,
-                   norm_strategy: str) -> None:
+                   norm_strategy: str, dtensor: Sequence[str] = (), hsdp_sliced: Sequence[str] = ()) -> None:
     """Raise :class:`UnsupportedParallelError` unless the norm is computed right in this configuration.
 
     Pure: every input is given. ``sharded`` marks the weights with ``layerwise_parallel=True``;
-    ``pynative_shard`` names the weights sharded by PyNative ``shard()``.
+    ``pynative_shard`` names the weights sharded by PyNative ``shard()``; ``dtensor`` the weights
+    carrying HyperParallel DTensor placements, ``hsdp_sliced`` those ``hyper_parallel.hsdp`` sliced.
     """
     if norm_strategy not in NORM_STRATEGIES:
         raise ValueError(f"norm_strategy must be one of {NORM_STRATEGIES}, got {norm_strategy!r}")
+    if dtensor:
+        raise UnsupportedParallelError(
+            f"parameters carrying HyperParallel DTensor layouts ({', '.join(dtensor[:3])}"
+            f"{', ...' if len(dtensor) > 3 else ''}) hold this rank's local shard, and replicated ones a "
+            "partial sum under shard_module alone: MonitoredTrainStep does not compute their norm "
+            f"(HyperParallel trains in PyNative loops); {DTENSOR_FUNCTIONAL}")
+    if hsdp_sliced:
+        raise UnsupportedParallelError(
+            f"parameters sliced on dim 0 by hyper_parallel.hsdp ({', '.join(hsdp_sliced[:3])}) hold a 1/N "
+            "slice whose group their placements do not record: MonitoredTrainStep does not compute their "
+            "norm; " + DTENSOR_FUNCTIONAL + " (with network=<the cell hsdp() was applied to>, where hsdp "
+            "keeps the groups)")
     if mode not in SUPPORTED_MODES:
         raise UnsupportedParallelError(
             f"gradmon cannot compute a correct global gradient norm in parallel_mode={mode!r}: the layout "
@@ -151,13 +174,17 @@ def read_parallel_setup(network, weights: Sequence, shard_group: str | None,
     import mindspore as ms
     from mindspore.communication import GlobalComm
 
+    from .dtensor_layout import hsdp_sliced, is_dtensor  # (imports this module)
+
     mode = str(ms.get_auto_parallel_context("parallel_mode"))
     stages = int(ms.get_auto_parallel_context("pipeline_stages") or 1)
     sharded = tuple(bool(getattr(w, "layerwise_parallel", False)) for w in weights)
     pynative_shard = [w.name for w in weights if getattr(w.param_info, "is_in_pynative_shard", False)]
     initialized = bool(GlobalComm.INITED)
     check_parallel(mode, pipeline_stages=stages, sharded=sharded, pynative_shard=pynative_shard,
-                   shard_group=shard_group, comm_initialized=initialized, norm_strategy=norm_strategy)
+                   shard_group=shard_group, comm_initialized=initialized, norm_strategy=norm_strategy,
+                   dtensor=[w.name for w in weights if is_dtensor(w)],
+                   hsdp_sliced=[w.name for w in weights if hsdp_sliced(w) > 1])
     device_num = 1
     rank = 0
     if initialized:

@@ -22,6 +22,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from ._compat import check_train_cell_layout, require_supported
 from .checks import check_loss_output, check_step_arguments, check_step_inputs, step_checks
+from .forensics import setup_forensics
 from .history import COUNTER_NAMES, history_fields
 from .host_read import HostReadMixin
 from .layouts import StepOutputs, backward_seed, split_network_outputs
@@ -144,8 +145,9 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
         self.parallel_setup = read_parallel_setup(self.network, tuple(self.weights), options.shard_group,
                                                   options.norm_strategy)
         self.grad_norm = GlobalNorm.build(self.weights, self.parallel_setup, options.norm_strategy,
-                                          per_tensor=layer_stats, scaled=loss_scale)
-        if self.local_norm:
+                                          per_tensor=layer_stats or options.forensics > 0, scaled=loss_scale)
+        setup_forensics(self, options)  # cells/forensics.py: the rings of forensics=K (none when off)
+        if self.local_norm or self.forensics_keeps_ranks:
             self.local_grad_norm = GlobalNorm.build(self.weights, self.parallel_setup, options.norm_strategy,
                                                     per_tensor=False, scaled=loss_scale, local=True)
 
@@ -167,6 +169,9 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
 
     # ------------------------------------------------------------------------------- construct
     def construct(self, *inputs):
+        if self.forensics_keeps_ids:  # the last input is the batch's sample ids: kept, not the network's
+            self.forensics_ids(inputs[-1])
+            inputs = inputs[:-1]
         outputs = self._forward(*inputs)
         loss, extra = split_network_outputs(outputs)
         lr = self._step_learning_rate()  # before the optimizer advances its global_step
@@ -210,10 +215,14 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
         return loss, norm, grads
 
     def _local_norm(self, grads, inv_scale):
-        """This rank's own norm, before the reduction (``local_norm=True``; else a constant 0)."""
-        if self.local_norm:
+        """This rank's own norm, before the reduction (``local_norm=True``; else a constant 0).
+
+        Under data parallel with ``forensics=K`` it is computed too, and every rank's is kept."""
+        if self.local_norm or self.forensics_keeps_ranks:
             local, _ = self.local_grad_norm(grads, inv_scale)
-            return local
+            if self.forensics_keeps_ranks:
+                self.forensics_ranks(local)
+            return local if self.local_norm else self._zero
         return self._zero
 
     def _reduce_grads(self, grads):
@@ -232,6 +241,8 @@ class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
         norm, layer_sq = self.grad_norm(grads, inv_scale)
         if self.layer_stats:
             ops.assign(self.layer_sq, layer_sq)
+        if self.forensics_on:  # this step's per-layer sums, from the same pass
+            self.forensics_layers(layer_sq)
         return norm
 
     def _spike_status(self, norm, finite):

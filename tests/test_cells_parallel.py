@@ -416,11 +416,8 @@ def test_uncounted_copies_leave_the_sum_but_keep_their_layer_entry(strategy):
 
 @pytest.mark.usefixtures("mode")
 def test_fused_slot_runs_the_kernel_where_it_is_built(monkeypatch):
-    """With a stand-in ``gradmon.cells.fused_norm`` module, ``norm_strategy="fused"`` runs its op."""
-    import sys
-    import types
-
-    import gradmon.cells as cells_pkg
+    """With stand-ins for the fused kernel's primitives, ``norm_strategy="fused"`` runs their op."""
+    from gradmon.cells import norm_strategies
 
     calls = []
 
@@ -434,13 +431,11 @@ def test_fused_slot_runs_the_kernel_where_it_is_built(monkeypatch):
     def fused_square_sums(scale, *grads):
         return ops.stack([scale * scale * ops.reduce_sum(ops.square(ops.cast(g, ms.float32))) for g in grads])
 
-    # The interface of gradmon.cells.fused_norm: primitives built once, called as op(scale, *grads).
-    fake = types.ModuleType("gradmon.cells.fused_norm")
-    fake.fused_norm_available = lambda: True
-    fake.FusedSquaredNorm = lambda: fused_square_sum
-    fake.FusedSquaredNorms = lambda: fused_square_sums
-    monkeypatch.setitem(sys.modules, "gradmon.cells.fused_norm", fake)
-    monkeypatch.setattr(cells_pkg, "fused_norm", fake, raising=False)
+    # The interface of gradmon.cells.fused_norm as norm_strategies imports it: primitives built
+    # once, called as op(scale, *grads).
+    monkeypatch.setattr(norm_strategies, "fused_norm_available", lambda: True)
+    monkeypatch.setattr(norm_strategies, "FusedSquaredNorm", lambda: fused_square_sum)
+    monkeypatch.setattr(norm_strategies, "FusedSquaredNorms", lambda: fused_square_sums)
     x, y = _batch()
     ref_norm, ref_sq = _ref(_net(), x, y)
     for layer_stats in (False, True):

@@ -25,7 +25,7 @@ def _js_schema() -> dict:
 
 
 @pytest.mark.parametrize("name", ["TEXT_KEYS", "INT_FIELDS", "NUMBER_FIELDS", "FLAG_FIELDS", "NOT_SERIES",
-                                  "ALARM_KINDS", "ALARM_REASONS"])
+                                  "ALARM_KINDS", "ALARM_REASONS", "FORENSICS_KEYS"])
 def test_js_lists_match_python(name: str) -> None:
     assert sorted(_js_schema()[name]) == sorted(getattr(schema, name))
 
@@ -34,7 +34,7 @@ def test_js_mark_flags_match_python() -> None:
     assert [tuple(pair) for pair in _js_schema()["MARK_FLAGS"]] == list(schema.MARK_FLAGS)
 
 
-@pytest.mark.parametrize("name", ["OVERFLOW_REASON", "ALARM_RULE_FIELD", "DERIVED_SOURCE"])
+@pytest.mark.parametrize("name", ["OVERFLOW_REASON", "ALARM_RULE_FIELD", "DERIVED_SOURCE", "FORENSICS_FIELD"])
 def test_js_constants_match_python(name: str) -> None:
     assert _js_schema()[name] == getattr(schema, name)
 

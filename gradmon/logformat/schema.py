@@ -14,6 +14,8 @@ __all__ = [
     "ALARM_RULE_FIELD",
     "DERIVED_SOURCE",
     "FLAG_FIELDS",
+    "FORENSICS_FIELD",
+    "FORENSICS_KEYS",
     "HISTORY_BASE_FIELDS",
     "HISTORY_COUNTER_NAMES",
     "INT_FIELDS",
@@ -60,6 +62,12 @@ HISTORY_COUNTER_NAMES = ("clipped", "spikes", "skipped", "nonfinite")
 # incident opens for.
 ALARM_KINDS = ("alarm", "alarm_end")
 ALARM_REASONS = ("nonfinite", "grad_norm_spike", "loss_spike", "abort")
+
+# The field of an `alarm` event holding what the step cell kept of the alarm's step (forensics=K), and
+# the keys it may have (docs/format.md, "Forensics").
+FORENSICS_FIELD = "forensics"
+FORENSICS_KEYS = ("step", "layers", "layer_count", "grouped", "rank_norms", "top_rank", "sample_ids",
+                  "missing", "error")
 
 # The header field saying that the writer runs the alarm rule and writes its events; a segment
 # without it gets its alarms from the reader (`gradmon serve` derives them, docs/format.md).

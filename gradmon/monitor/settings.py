@@ -77,6 +77,10 @@ class MonitorSettings:
     - ``alarm_config``: the rule's thresholds: an :class:`gradmon.logformat.alarms.AlarmConfig` or a
       dict of some of its fields, e.g. ``{"quiet_steps": 20}`` (default: ``AlarmConfig()``;
       normalised to None when ``alarms`` is False).
+    - ``sample_ids``: ``sample_ids(step) -> ids`` names the samples of a training step (a list of
+      ids, or one list per data-parallel rank) for the ``forensics`` of an ``alarm`` event at that
+      step; asked only when an alarm opens. Not needed when the step cell keeps the ids itself
+      (``MonitoredTrainStep(forensics=K, forensics_ids=B)`` with an index column).
     """
 
     log_file: str
@@ -95,6 +99,7 @@ class MonitorSettings:
     retry_initial: float = 1.0
     alarms: bool = True
     alarm_config: AlarmConfig | Mapping[str, Any] | None = None  # normalised: None iff not alarms
+    sample_ids: Callable[[int], Any] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -107,6 +112,9 @@ class MonitorSettings:
             raise ValueError(f"initial_step must be >= 0 or None, got {self.initial_step}")
         if self.on_event is not None and not callable(self.on_event):
             raise TypeError(f"on_event must be callable, got {type(self.on_event).__name__}")
+        if self.sample_ids is not None and not callable(self.sample_ids):
+            raise TypeError("sample_ids must be callable (step -> ids), "
+                            f"got {type(self.sample_ids).__name__}")
         for name in ("log_interval", "layer_stats_every", "layer_top_k"):
             set_(self, name, int(getattr(self, name)))
         for name in ("abort_after", "initial_step"):

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Protocol
 
 from gradmon.logformat.alarms import AlarmRule
+from gradmon.logformat.schema import FORENSICS_FIELD
+from gradmon.monitor.forensics import attach_forensics
 from gradmon.monitor.outputs import parse_step_outputs
 from gradmon.monitor.records import (
     DYNAMIC_MIN_LOSS_SCALE,
@@ -59,7 +61,9 @@ class StepLogger:
             count reaches a multiple of it), ``abort_after`` (stop after this many consecutive bad
             steps, :func:`gradmon.monitor.records.abort_vote`), ``on_event`` (called with a copy of
             every ``event`` record written; exceptions are logged once), ``layer_stats_every`` and
-            ``layer_top_k`` (a ``layers`` record every N steps from ``cell.gradmon_layer_stats``).
+            ``layer_top_k`` (a ``layers`` record every N steps from ``cell.gradmon_layer_stats``),
+            ``sample_ids`` (``sample_ids(step) -> ids`` of the samples a step trained on, asked when
+            an alarm opens at it, for its ``forensics``, when the cell keeps no ids of its own).
         initial_step: the last step before this segment (the next step is ``initial_step + 1``).
         epoch: the epoch the segment starts in.
         cell: the step cell, for ``gradmon_read_history`` / ``gradmon_layer_stats`` when it has them.
@@ -105,6 +109,8 @@ class StepLogger:
         self.layer_stats_every = settings.layer_stats_every
         self.layer_top_k = settings.layer_top_k
         self.alarm_rule = alarm_rule
+        self.sample_ids = settings.sample_ids
+        self._forensics_failed = False
         self._clock = clock
         self._bad = BadStepCounter(settings.abort_after)
         self.aborted = False
@@ -243,7 +249,20 @@ class StepLogger:
         """Write the alarm rule's events for ``record`` (a step record or an ``abort``)."""
         if self.alarm_rule is not None and self.sinks:
             for event in self.alarm_rule.update(record):
+                if event.get("kind") == "alarm":
+                    self._attach_forensics(event)
                 self.emit(event)
+
+    def _attach_forensics(self, event: dict[str, Any]) -> None:
+        """Add what the step cell's forensics rings (and the ``sample_ids`` hook) hold for the
+        alarm's step to the event: ``forensics`` (docs/format.md). Read only here, once per incident."""
+        step = event.get("step")
+        read = getattr(self.cell, "gradmon_forensics", None)
+        if not isinstance(step, int) or (not callable(read) and self.sample_ids is None):
+            return
+        attach_forensics(event, step, self.step, read if callable(read) else None, self.sample_ids,
+                         warn=not self._forensics_failed)
+        self._forensics_failed = self._forensics_failed or "error" in event.get(FORENSICS_FIELD, {})
 
     def finish(self) -> None:
         """The segment ends: write the ``alarm_end`` of the open incident, if any (before ``end``)."""

@@ -12,7 +12,7 @@
   class AlarmBanner {
     /**
      * box: the banner element; notes: the notes element; button: the notifications toggle.
-     * app: {entries() -> [{run, color}], zoomToSteps(run, a, b), multiRun()}.
+     * app: {entries() -> [{run, color}], zoomToSteps(run, a, b), multiRun(), showAlarm(incident)}.
      */
     constructor(box, notes, button, app) {
       this.box = box;
@@ -131,9 +131,14 @@
       b.dataset.end = inc.end;
       b.dataset.reason = inc.reason;
       b.textContent = L.incidentText(inc, L.formatValue);
-      b.title = [inc.message, inc.endMessage].filter(Boolean).join("\n") + (inc.message ? "\n" : "") + "Click to zoom to it";
+      const summary = L.forensicsSummary(inc.alarm); // which layer / rank, when the writer kept forensics
+      if (summary) b.appendChild(el("span", "incident-forensics", " · " + summary));
+      b.title = [inc.message, inc.endMessage].filter(Boolean).join("\n") + (inc.message ? "\n" : "") + "Click to zoom to it and see its details";
       b.style.borderLeftColor = inc.color;
-      b.addEventListener("click", () => this.app.zoomToSteps(inc.run, inc.start, inc.end));
+      b.addEventListener("click", () => {
+        this.app.zoomToSteps(inc.run, inc.start, inc.end);
+        if (this.app.showAlarm) this.app.showAlarm(inc);
+      });
       return b;
     }
 

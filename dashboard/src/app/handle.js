@@ -5,7 +5,7 @@
   const L = root.GradmonLib;
   const A = root.GradmonApp;
 
-  /** ctx: {state, board(), banner(), exporter(), entries(), loadedRuns(), selectRun(name, on), replayText(name, text)}. */
+  /** ctx: {state, board(), banner(), alarmDetail(), exporter(), entries(), loadedRuns(), selectRun(name, on), replayText(name, text)}. */
   function pageHandle(ctx) {
     const { state } = ctx;
     const run = (name) => state.runs.get(name);
@@ -37,6 +37,8 @@
       spikes: () => ctx.entries().flatMap(({ run: r }) => r.marksOf("spike").map((m) => ({ run: r.name, step: m.step, value: m.value }))),
       incidents: () => (ctx.banner() ? ctx.banner().incidents().map((i) => ({ run: i.run, reason: i.reason, start: i.start, end: i.end, flagged: i.flagged, ongoing: i.ongoing })) : []),
       notifications: () => (ctx.banner() ? ctx.banner().sent.slice() : []),
+      /** The alarm shown in the detail view: {run, step, reason, view (lib/forensics.js)}, or null. */
+      alarmDetail: () => (ctx.alarmDetail() && ctx.alarmDetail().shown ? JSON.parse(JSON.stringify(ctx.alarmDetail().shown)) : null),
       /** The smoothed points drawn on a chart for a run's field: [[step, value]]. */
       smoothedDrawn(panel, name, field) {
         const card = ctx.board() && ctx.board().panels.get(panel);

@@ -40,6 +40,7 @@
   let feed = null;
   let table = null;
   let banner = null;
+  let alarmDetail = null;
   let exporter = null;
   let nextColor = 0;
   let urlTimer = null;
@@ -357,7 +358,10 @@
       },
     });
     exporter = new A.Exporter({ board, entries, feed, settings: () => ({ xMode: state.view.xMode, smoothing: state.view.smoothing }), notice: setNotice });
-    banner = new A.AlarmBanner($("#banner"), $("#notes"), $("#notify"), { entries, zoomToSteps, multiRun: () => entries().length > 1 });
+    alarmDetail = new A.AlarmDetail($("#alarm-detail"));
+    banner = new A.AlarmBanner($("#banner"), $("#notes"), $("#notify"), {
+      entries, zoomToSteps, multiRun: () => entries().length > 1, showAlarm: (inc) => alarmDetail.show(inc),
+    });
     table = new A.RunTable($("#runs-panel"), {
       infos: () => Array.from(state.runsInfo.values()),
       isSelected: (n) => state.selected.includes(n),
@@ -391,6 +395,7 @@
     state,
     board: () => board,
     banner: () => banner,
+    alarmDetail: () => alarmDetail,
     exporter: () => exporter,
     entries,
     loadedRuns,

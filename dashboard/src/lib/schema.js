@@ -29,6 +29,9 @@
     // Alarm events (gradmon/alarms.py): the kinds that open and close an incident, and its reasons.
     ALARM_KINDS: ["alarm", "alarm_end"],
     ALARM_REASONS: ["nonfinite", "grad_norm_spike", "loss_spike", "abort"],
+    // The alarm event's field with the step cell's forensics of the alarm's step, and its keys.
+    FORENSICS_FIELD: "forensics",
+    FORENSICS_KEYS: ["step", "layers", "layer_count", "grouped", "rank_norms", "top_rank", "sample_ids", "missing", "error"],
     // The header field of a writer that runs the alarm rule, and the `source` of the alarm events
     // a server derived for a segment without it.
     ALARM_RULE_FIELD: "alarm_rule",

@@ -1,0 +1,39 @@
+"""A torch reference for the forensics tests: per-layer gradient norms of the MLP of examples/models.py.
+
+Independent of MindSpore: the weights come in as numpy arrays by parameter name, the forward and
+backward run in float64 torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+
+def mlp_grads(weights: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray,
+              loss: str) -> dict[str, np.ndarray]:
+    """Gradients of the mean loss over the batch ``(x, y)`` by parameter name (names end in
+    ``body.{0,2,4}.{weight,bias}``); ``loss``: ``"mse"`` (float targets) or ``"ce"`` (int labels)."""
+    params = {k: torch.tensor(np.asarray(v, np.float64), requires_grad=True) for k, v in weights.items()}
+
+    def get(suffix: str) -> torch.Tensor:
+        (name,) = [k for k in params if k.endswith(suffix)]
+        return params[name]
+
+    h = torch.tensor(np.asarray(x, np.float64))
+    for i, layer in enumerate((0, 2, 4)):
+        h = h @ get(f"body.{layer}.weight").T + get(f"body.{layer}.bias")
+        if i < 2:
+            h = torch.relu(h)
+    if loss == "mse":
+        value = torch.mean((h - torch.tensor(np.asarray(y, np.float64))) ** 2)
+    else:
+        value = torch.nn.functional.cross_entropy(h, torch.tensor(np.asarray(y, np.int64)))
+    value.backward()
+    return {k: p.grad.numpy() for k, p in params.items()}
+
+
+def norm_of(grads: Mapping[str, np.ndarray]) -> float:
+    return float(np.sqrt(sum(float(np.sum(g * g)) for g in grads.values())))
