@@ -30,6 +30,7 @@ from .norm_ops import clip_coefficient, scale_grads
 from .norm_strategies import GlobalNorm
 from .options import StepOptions, check_stock_arguments
 from .parallel import read_parallel_setup
+from .snapshot import SnapshotMixin
 from .spike import zclip_update
 
 
@@ -58,7 +59,7 @@ class _ApplyClippedUpdate(_ApplyUpdate):
         return ops.depend(ops.zeros((), ms.float32), self.optimizer(scale_grads(grads, coef)))
 
 
-class MonitoredTrainStep(HostReadMixin, StepOutputs, nn.TrainOneStepCell):
+class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneStepCell):
     """``nn.TrainOneStepCell`` that also measures, clips and guards the global gradient norm.
 
     Args:

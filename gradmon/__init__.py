@@ -12,8 +12,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LiveMonitor",
+    "LossRise",
     "MonitoredTrainStep",
     "MonitoredTrainStepWithLossScale",
+    "Recovery",
     "__version__",
     "clip_by_global_norm",
     "global_norm",
@@ -26,6 +28,8 @@ _LAZY = {
     "global_norm": "gradmon.cells",
     "clip_by_global_norm": "gradmon.cells",
     "LiveMonitor": "gradmon.monitor.callback",
+    "Recovery": "gradmon.monitor.recovery",
+    "LossRise": "gradmon.monitor.recovery",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
         global_norm,
     )
     from gradmon.monitor.callback import LiveMonitor
+    from gradmon.monitor.recovery import LossRise, Recovery
 
 
 def __getattr__(name: str) -> Any:

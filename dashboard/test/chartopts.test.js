@@ -189,3 +189,27 @@ test("the x extent spans every run in each x mode; an empty run adds nothing, on
   assert.deepEqual(xExtent([empty], "step"), { min: null, max: null });
   assert.deepEqual(xExtent([runWith([{ step: 7, loss: 1 }])], "step"), { min: 7, max: 8 });
 });
+
+test("a rollback is a dashed line and a pin at the restored step on every chart, its message in the tooltip", () => {
+  const { tooltipRows } = require("../src/lib/tooltip.js");
+  const run = new RunData("r");
+  run.ingestRecord({ type: "header", schema: 1, start_time: 100 });
+  for (let s = 1; s <= 25; s++) run.ingestRecord({ type: "step", step: s, ts: 100 + s, loss: s === 25 ? "NaN" : 2 - s / 50 });
+  run.ingestRecord({ type: "end", status: "rolled_back", steps: 25 });
+  run.ingestRecord({ type: "header", schema: 1, start_time: 130, initial_step: 20, initial_step_from: "rollback" });
+  const message = "rolled back to the snapshot after step 20: alarm (nonfinite) from step 25; 7 batches skipped";
+  run.ingestRecord({ type: "event", kind: "rollback", step: 20, restored_step: 20, from_step: 25, reason: "alarm", message });
+  for (let s = 21; s <= 30; s++) run.ingestRecord({ type: "step", step: s, ts: 110 + s, loss: 1.6 - s / 100 });
+  assert.deepEqual(run.rollbacks().map((e) => e.step), [20]);
+  const { series } = buildSeries(panelsFor(run.fields())[0], [{ run, color: "#000" }], { xMode: "step" });
+  const rb = series.find((s) => s.gradmonRole === "rollback");
+  assert.deepEqual(rb.data.map((d) => d.value), [[20, 2 - 20 / 50, 20]]);
+  assert.deepEqual(rb.markLine.data, [{ xAxis: 20 }]);
+  // The tooltip at step 20 names the rollback with its message.
+  const raw = series.find((s) => s.id === "r|loss|raw");
+  const at20 = raw.data.find((p) => p[2] === 20);
+  const rows = tooltipRows([{ seriesId: raw.id, data: at20 }, { seriesId: rb.id, data: rb.data[0] }]);
+  assert.deepEqual(rows[0].marks, ["rollback (" + message + ")"]);
+  // Steps 21-25 of the first segment are replaced: one value per step, none non-finite.
+  assert.deepEqual(run.view("loss").steps.length, 30);
+});

@@ -32,6 +32,8 @@ from gradmon.logformat.jsonl import to_jsonable
 from gradmon.logformat.schema import FLAG_FIELDS
 from gradmon.monitor.outputs import parse_step_outputs, to_float, to_host
 from gradmon.monitor.records import eval_metrics, resumed_epoch_offset
+from gradmon.monitor.recovery import GiveUp, RollbackPlan, rollback_event
+from gradmon.monitor.rollback import RecoveryDriver
 from gradmon.monitor.segment import Segment, rank_log_path
 from gradmon.monitor.settings import MonitorSettings
 from gradmon.monitor.steplog import StepLogger
@@ -122,6 +124,9 @@ class LiveMonitor(Callback):
         self._epoch_offset: int | None = None  # epoch = Model's cur_epoch_num + this (set at the 1st step)
         self._eval_losses: list[float] = []  # per-batch losses of the evaluation under way
         self._depth = 0  # nesting of `with` blocks (Model enters callbacks for train and eval)
+        self._recovery_config = self.settings.recovery
+        self.recovery: RecoveryDriver | None = None  # created with the first segment
+        self._segment_args: tuple[Any, ...] = ()
 
     @property
     def should_stop(self) -> bool:
@@ -161,7 +166,7 @@ class LiveMonitor(Callback):
 
     def _open_segment(self, initial_step: int | None, steps_per_epoch: int | None,
                       steps_per_epoch_unknown: str | None, batch_size: int | None, *,
-                      steps_run: int = 0) -> None:
+                      steps_run: int = 0, initial_step_from: str | None = None) -> None:
         """``steps_run``: steps already done in this segment (``after_step`` opens it after the
         loop's first step, which the training state then counts already)."""
         if self._started:
@@ -169,7 +174,7 @@ class LiveMonitor(Callback):
         if initial_step is None:
             initial_step = self.settings.initial_step
         if initial_step is not None:
-            step, source = int(initial_step), "argument"
+            step, source = int(initial_step), initial_step_from or "argument"
         else:
             step, source = restored_step(self._cell, self._optimizer)
             step = max(step - steps_run, 0)
@@ -181,6 +186,13 @@ class LiveMonitor(Callback):
             on_stop=self._request_stop,
         )
         self._started, self._epoch_offset = True, None
+        self._segment_args = (steps_per_epoch, steps_per_epoch_unknown, batch_size)
+        if self._recovery_config is not None:
+            if self.recovery is None:
+                self.recovery = RecoveryDriver(self._recovery_config, self._cell,
+                                               alarm_config=self.settings.alarm_config)
+            self.recovery.begin_segment(step)
+            self._segment.logger.watch = self.recovery.observe
 
     def close(self, status: str | None = None) -> None:
         """Write the pending steps and the ``end`` record, close the files. Idempotent.
@@ -233,16 +245,22 @@ class LiveMonitor(Callback):
         self._step_offset = self._logger.step - int(cb.get("cur_step_num") or 0)
 
     def on_train_step_begin(self, run_context: Any) -> None:
-        self._logger.step_begin()
+        if not self._holding():
+            self._logger.step_begin()
 
     def on_train_step_end(self, run_context: Any) -> None:
         cb = run_context.original_args()
+        if self._holding():
+            self._undo_held_step()
+            self._step_offset = self._logger.step - int(cb.cur_step_num)  # the next batch is the next step
+            return
         epoch = cb.cur_epoch_num
         if self._epoch_offset is None:
             seg = self._segment
             self._epoch_offset = resumed_epoch_offset(seg.initial_step, seg.steps_per_epoch, epoch)
         self._logger.step_end(cb.cur_step_num + self._step_offset, cb.net_outputs,
                               epoch=epoch + self._epoch_offset)
+        self._recover()
 
     def on_train_end(self, run_context: Any) -> None:
         self.close()
@@ -298,5 +316,51 @@ class LiveMonitor(Callback):
         already, so the segment starts one step before it."""
         if not self._started:
             self._open_segment(None, None, _EPOCH_LENGTH_NOT_GIVEN, None, steps_run=1)
+        if self._holding():
+            self._undo_held_step()
+            return
         logger = self._logger
         logger.step_end(logger.step + 1, outputs, epoch=epoch)
+        self._recover()
+
+    # -- automatic recovery ---------------------------------------------------------------------
+
+    @property
+    def rollbacks(self) -> int:
+        """Rollbacks done so far (automatic recovery)."""
+        return self.recovery.rollbacks if self.recovery is not None else 0
+
+    def _holding(self) -> bool:
+        return self.recovery is not None and self.recovery.holding > 0
+
+    def _undo_held_step(self) -> None:
+        """A batch skipped after a rollback ran: undo it; it is neither logged nor counted."""
+        assert self.recovery is not None
+        self.recovery.undo_held_step()
+        if not self.recovery.holding:
+            self._logger.pause()  # the hold's time is not the next steps' step time
+
+    def _recover(self) -> None:
+        """After each step: the recovery's snapshot, rollback or give-up (every rank alike)."""
+        if self.recovery is None or self._segment is None or self._logger.aborted:
+            return
+        action = self.recovery.after_step(self._logger)
+        if isinstance(action, GiveUp):
+            self._logger.abort(action.trigger.step, action.message, recovery=True)
+        elif isinstance(action, RollbackPlan):
+            self._roll_back(action)
+
+    def _roll_back(self, plan: RollbackPlan) -> None:
+        """Restore ``plan``'s snapshot, end this segment (``rolled_back``) and open the rollback
+        segment after the restored step, starting with the ``rollback`` event."""
+        assert self.recovery is not None and self._segment is not None
+        from_step = self._logger.step
+        self.recovery.restore(plan)
+        epoch_offset = self._epoch_offset
+        self.close("rolled_back")
+        self._open_segment(plan.step, *self._segment_args, initial_step_from="rollback")
+        self._epoch_offset = epoch_offset
+        self._step_offset += plan.step - from_step  # Model counts on; the steps continue after the snapshot
+        event = rollback_event(plan, from_step, time.time())
+        self._logger.emit(event)
+        _log.warning("gradmon: %s", event["message"])

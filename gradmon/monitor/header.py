@@ -74,9 +74,11 @@ def header_fields(
     initial_step: int,
     initial_step_from: str,
     alarm_rule: Mapping[str, Any] | None = None,
+    recovery: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The fields of a segment's header (see docs/format.md for each). ``alarm_rule``: the
-    settings of the alarm rule the writer runs (None: it runs none)."""
+    settings of the alarm rule the writer runs (None: it runs none); ``recovery``: automatic
+    recovery's settings (None: off)."""
     from gradmon import __version__
 
     cell_cfg = cell_config(cell)
@@ -106,4 +108,6 @@ def header_fields(
         header["steps_per_epoch_unknown"] = steps_per_epoch_unknown
     if alarm_rule is not None:
         header["alarm_rule"] = dict(alarm_rule)
+    if recovery is not None:
+        header["recovery"] = dict(recovery)
     return header

@@ -63,6 +63,7 @@ class Segment:
             steps_per_epoch_unknown=steps_per_epoch_unknown, initial_step=initial_step,
             initial_step_from=initial_step_from,
             alarm_rule=config.as_dict() if isinstance(config, AlarmConfig) else None,
+            recovery=settings.recovery.as_dict() if settings.recovery is not None else None,
         )
         paths = ([settings.log_file] if self.rank == 0 else []) + (
             [rank_log_path(settings.log_file, self.rank)] if settings.per_rank else [])

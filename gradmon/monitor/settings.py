@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from gradmon.logformat.alarms import AlarmConfig
+from gradmon.monitor.recovery import Recovery, recovery_of
 
 __all__ = ["MonitorSettings", "alarm_config_of"]
 
@@ -77,6 +78,12 @@ class MonitorSettings:
     - ``alarm_config``: the rule's thresholds: an :class:`gradmon.logformat.alarms.AlarmConfig` or a
       dict of some of its fields, e.g. ``{"quiet_steps": 20}`` (default: ``AlarmConfig()``;
       normalised to None when ``alarms`` is False).
+    - ``recovery``: automatic recovery (off by default): a :class:`gradmon.monitor.recovery.Recovery`,
+      a dict of its fields, or True for its defaults (normalised to a ``Recovery`` or None). Keeps a
+      ring of snapshots of the step cell's whole state and, on an alarm, consecutive skipped steps or
+      a user rule, restores the last one from before the incident, opens a rollback segment and goes
+      on with the next batches (docs/cells.md "Automatic recovery"). Its ``skipped_steps`` must be
+      below ``abort_after``.
     - ``sample_ids``: ``sample_ids(step) -> ids`` names the samples of a training step (a list of
       ids, or one list per data-parallel rank) for the ``forensics`` of an ``alarm`` event at that
       step; asked only when an alarm opens. Not needed when the step cell keeps the ids itself
@@ -99,6 +106,7 @@ class MonitorSettings:
     retry_initial: float = 1.0
     alarms: bool = True
     alarm_config: AlarmConfig | Mapping[str, Any] | None = None  # normalised: None iff not alarms
+    recovery: Recovery | Mapping[str, Any] | bool | None = None  # normalised: a Recovery or None
     sample_ids: Callable[[int], Any] | None = None
 
     def __post_init__(self) -> None:
@@ -129,6 +137,12 @@ class MonitorSettings:
         if not self.alarms and self.alarm_config is not None:
             raise ValueError("alarm_config was given with alarms=False: drop one of them")
         set_(self, "alarm_config", alarm_config_of(self.alarm_config) if self.alarms else None)
+        recovery = recovery_of(self.recovery)
+        set_(self, "recovery", recovery)
+        if recovery is not None and self.abort_after is not None and \
+                (recovery.skipped_steps or 0) >= self.abort_after:
+            raise ValueError(f"recovery.skipped_steps ({recovery.skipped_steps}) must be below "
+                             f"abort_after ({self.abort_after}): the abort would come first")
 
     @classmethod
     def from_kwargs(cls, owner: str, log_file: str | os.PathLike[str], **options: Any) -> MonitorSettings:

@@ -119,6 +119,8 @@ class StepLogger:
         self._data_times: list[float] = []
         self._history_failed = False
         self._event_hook_failed = False
+        # Sees every step record written (automatic recovery's triggers); with it every rank reads.
+        self.watch: Callable[[Mapping[str, Any]], Any] | None = None
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -148,9 +150,9 @@ class StepLogger:
         n = last - self.logged_step
         if n <= 0:
             return
-        if not self.sinks and not self.abort_after:
-            # A rank that writes nothing reads nothing. With an abort policy every rank reads, so
-            # that all data-parallel ranks take the same stop decision.
+        if not self.sinks and not self.abort_after and self.watch is None:
+            # A rank that writes nothing reads nothing. With an abort policy (or recovery) every rank
+            # reads, so that all data-parallel ranks take the same decision.
             self._advance(last)
             return
         now = self._clock()
@@ -240,6 +242,8 @@ class StepLogger:
             for event in events_for_step(record, record.get("ts")):
                 self.emit(event)
             self._judge(record)
+            if self.watch is not None:
+                self.watch(record)
             # One history read can hold more bad steps than the limit: the abort belongs to the
             # step that reached it, with that step's count, right after that step's record.
             if self._bad.update(abort_vote(record, self.overflow_floor)) and not self.aborted:
@@ -293,13 +297,18 @@ class StepLogger:
     # -- abort policy --------------------------------------------------------------------------
 
     def _abort(self, step: int, consecutive: int) -> None:
+        why = f"{consecutive} consecutive skipped or non-finite steps (abort_after={self.abort_after})"
+        self.abort(step, why, consecutive=consecutive)
+
+    def abort(self, step: int, why: str, **fields: Any) -> None:
+        """Stop training at ``step`` because of ``why``: the abort checkpoint (when configured), an
+        ``abort`` event (with ``fields``) through the alarm rule, then ``on_stop``."""
         checkpoint, note = self.save_checkpoint() if self.save_checkpoint is not None else (None, "")
-        message = (f"training aborted at step {step}: {consecutive} consecutive skipped or non-finite "
-                   f"steps (abort_after={self.abort_after})"
+        message = (f"training aborted at step {step}: {why}"
                    + (f"; checkpoint saved to {checkpoint}" if checkpoint else "") + note)
         _log.error("gradmon: %s", message)
-        event: dict[str, Any] = {"type": "event", "kind": "abort", "step": step, "ts": time.time(),
-                                 "consecutive": consecutive, "message": message}
+        event: dict[str, Any] = {"type": "event", "kind": "abort", "step": step, "ts": time.time(), **fields,
+                                 "message": message}
         if checkpoint:
             event["checkpoint"] = checkpoint
         self.emit(event)

@@ -13,6 +13,7 @@
 
   const MARK_COLOR = "#d62728";
   const SKIP_COLOR = "#e6891a";
+  const ROLLBACK_COLOR = "#7b3fb5"; // automatic recovery's rollbacks: a line and a pin at the restored step
   const OVERFLOW = lib.SCHEMA.OVERFLOW_REASON;
   const QUALITY_RANK = { exact: 0, "lead-in": 1, approx: 2 };
 
@@ -197,7 +198,39 @@
         if (data.length) series.push(flagSeries(run.name + "|" + kind + "s", run.name + " " + kind + "s", data, kind, symbol, color));
       }
     }
+    for (const { run } of entries) {
+      const rb = rollbackMarks(run, panel.fields[0], mode, log, range);
+      if (rb) series.push(rb);
+    }
     return { series, log, autoLog, range, markerPoints, clippedPoints, smoothing: quality };
+  }
+
+  /**
+   * A run's rollbacks (automatic recovery) on any chart: a dashed vertical line at the restored step
+   * and a marker on the curve there, whose tooltip mark gives the event's message (the reason, the
+   * restored step, the batches skipped). Null when the run has none.
+   */
+  function rollbackMarks(run, field, mode, log, range) {
+    const data = [];
+    for (const ev of run.rollbacks()) {
+      const x = xOf(run, ev.step, mode);
+      if (!Number.isFinite(x)) continue;
+      const at = run.valueAt(field, ev.step);
+      let y = at && usable(at.value, log) ? at.value : range ? range.max : null;
+      if (y === null) continue;
+      if (range) y = Math.min(range.max, Math.max(range.min, y));
+      const reason = typeof ev.message === "string" ? ev.message : "to step " + ev.step;
+      data.push({ value: [x, y, ev.step], mark: { kind: "rollback", step: ev.step, reason } });
+    }
+    if (!data.length) return null;
+    return {
+      id: run.name + "|rollbacks", name: run.name + " rollbacks", type: "scatter", data, symbol: "pin", symbolSize: 14,
+      itemStyle: { color: ROLLBACK_COLOR }, z: 11, clip: false, gradmonRole: "rollback",
+      markLine: {
+        silent: true, symbol: "none", data: data.map((d) => ({ xAxis: d.value[0] })),
+        lineStyle: { color: ROLLBACK_COLOR, type: "dashed", width: 1 }, label: { show: false },
+      },
+    };
   }
 
   /**
@@ -314,5 +347,5 @@
     };
   }
 
-  return { MARK_COLOR, SKIP_COLOR, buildSeries, displayIndices, xOf, xExtent, smoothable };
+  return { MARK_COLOR, ROLLBACK_COLOR, SKIP_COLOR, buildSeries, displayIndices, xOf, xExtent, smoothable };
 });

@@ -147,6 +147,11 @@
       return this.noted.overflowAt(step);
     }
 
+    /** The run's rollbacks (automatic recovery's `rollback` events, docs/format.md), sorted by step. */
+    rollbacks() {
+      return this.events.filter((e) => e.kind === "rollback" && typeof e.step === "number").sort((a, b) => a.step - b.step);
+    }
+
     /** Marks of a kind ("spike", "nonfinite", "skip"), sorted by step. */
     marksOf(kind) {
       return this.noted.of(kind);

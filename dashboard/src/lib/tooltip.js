@@ -16,7 +16,7 @@
   function splitId(id) {
     const role = id.slice(id.lastIndexOf("|") + 1);
     const rest = id.slice(0, id.lastIndexOf("|"));
-    if (role === "spikes" || role === "skips") return { run: rest, field: null, role };
+    if (role === "spikes" || role === "skips" || role === "rollbacks") return { run: rest, field: null, role };
     return { run: rest.slice(0, rest.lastIndexOf("|")), field: rest.slice(rest.lastIndexOf("|") + 1), role };
   }
 
