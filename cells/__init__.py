@@ -4,7 +4,7 @@
 replacements returning ``(loss, grad_norm)`` and keeping a device-side step history;
 ``global_norm`` / ``clip_by_global_norm`` are the graph-safe functional twins (HyperParallel
 DTensor parameters: ``layout=DTensorLayout.from_params(params)``). Supported:
-MindSpore 2.7 to 2.10 (checked by feature, see ``UnsupportedMindSporeError``).
+MindSpore 2.7 or later, 2.7 to 2.10 tested (checked by feature, see ``UnsupportedMindSporeError``).
 """
 
 from __future__ import annotations

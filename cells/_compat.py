@@ -1,12 +1,13 @@
-"""Feature detection for the MindSpore versions gradmon's cells support (2.7 to 2.10).
+"""Feature detection for the MindSpore versions gradmon's cells support (2.7 on; 2.7 to 2.10 tested).
 
 Nothing here compares version strings: each capability the cells use is looked up by name, and a
-missing one raises :class:`UnsupportedMindSporeError` naming the supported range and the gap.
+missing one raises :class:`UnsupportedMindSporeError` naming the supported range and the gap. A newer
+MindSpore (2.11) is accepted when it has them all.
 """
 
 from __future__ import annotations
 
-SUPPORTED_RANGE = "MindSpore 2.7 to 2.10"
+SUPPORTED_RANGE = "MindSpore 2.7 or later (tested: 2.7 to 2.10)"
 
 # mindspore.ops functions the graph code calls; all exist in 2.7 through 2.10.
 _REQUIRED_OPS = (

@@ -61,6 +61,9 @@ class StepOptions:
       ``"per_tensor"`` or ``"fused"`` (see :mod:`gradmon.cells.norm_plan`).
     - ``shard_group``: the communication group that parameters marked ``layerwise_parallel=True``
       (hand-sharded) are split across; required when there are such parameters.
+    - ``grad_accum_steps``: micro-batches per optimizer step (1: no accumulation). The gradients of
+      ``N`` calls are summed on device and their mean is reduced, measured, clipped and applied on
+      the ``N``-th call (see "Gradient accumulation" in docs/cells.md).
     - ``require_scalar_loss``: the network's first output must be a scalar loss (shape ``()`` or
       ``(1,)``), checked at the first call: a network without its loss (logits) raises, naming
       ``nn.WithLossCell``. False: accept any float output as ``nn.TrainOneStepCell`` does (the
@@ -81,6 +84,7 @@ class StepOptions:
     output_layout: str = "gradmon"
     norm_strategy: str = "auto"
     shard_group: str | None = None
+    grad_accum_steps: int = 1
     require_scalar_loss: bool = True
 
     def __post_init__(self) -> None:
@@ -96,6 +100,10 @@ class StepOptions:
             raise ValueError("history_size must be an int >= 0 (0 disables the ring), "
                              f"got {self.history_size!r}")
         set_(self, "history_size", int(self.history_size))
+        if not _is_int(self.grad_accum_steps) or self.grad_accum_steps < 1:
+            raise ValueError("grad_accum_steps must be an int >= 1 (micro-batches per optimizer step; "
+                             f"1 accumulates nothing), got {self.grad_accum_steps!r}")
+        set_(self, "grad_accum_steps", int(self.grad_accum_steps))
         for name in ("forensics", "forensics_ids"):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
@@ -103,6 +111,9 @@ class StepOptions:
             set_(self, name, int(value))
         if self.forensics_ids and not self.forensics:
             raise ValueError("forensics_ids needs forensics=K > 0 (the steps whose sample ids are kept)")
+        if self.forensics and self.grad_accum_steps > 1:
+            raise ValueError("forensics=K does not support grad_accum_steps > 1 yet (its rings keep one "
+                             "batch's ranks and sample ids per call, not per optimizer step)")
         for name in ("skip_nonfinite", "local_norm", "layer_stats", "require_scalar_loss"):
             set_(self, name, _flag(name, getattr(self, name)))
         if self.norm_strategy not in NORM_STRATEGIES:
@@ -142,7 +153,8 @@ class StepOptions:
         return asdict(self)
 
 
-def check_stock_arguments(sens: Any, return_grad: Any, output_layout: str) -> tuple[float | None, bool]:
+def check_stock_arguments(sens: Any, return_grad: Any, output_layout: str,
+                          grad_accum_steps: int = 1) -> tuple[float | None, bool]:
     """``nn.TrainOneStepCell``'s own arguments, checked as its documentation states and normalised
     (numpy scalars become Python ones); ``(sens, return_grad)``."""
     if sens is not None:
@@ -155,4 +167,7 @@ def check_stock_arguments(sens: Any, return_grad: Any, output_layout: str) -> tu
     if return_grad and output_layout == "mindformers":
         raise ValueError("return_grad=True does not fit output_layout='mindformers' (mindformers' step cells "
                          "return no gradients); use the default layout to get (loss, grad_norm, grads)")
+    if return_grad and grad_accum_steps > 1:
+        raise ValueError("return_grad=True does not fit grad_accum_steps > 1: a micro-step has no reduced "
+                         "gradients to return")
     return sens, return_grad

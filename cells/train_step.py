@@ -10,6 +10,10 @@ is a tensor condition around the optimizer call, the construct MindSpore's own
 ``TrainOneStepWithLossScaleCell`` uses: the optimizer does not run, so weights and optimizer
 state stay bit-for-bit unchanged (multiplying the update by 0 would not: 0 x NaN = NaN, and Adam
 moves weights on zero gradients). The condition only exists when a skip is possible.
+
+With ``grad_accum_steps=N`` (N > 1) a call is one micro-step: its gradients are added to an
+on-device accumulator, and every N-th call runs the monitored update above once on the mean of
+the N micro-batches' gradients (another tensor condition; see :meth:`MonitoredTrainStep._accumulate`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,19 @@ from .options import StepOptions, check_stock_arguments
 from .parallel import read_parallel_setup
 from .snapshot import SnapshotMixin
 from .spike import zclip_update
+
+_add_into = ops.MultitypeFuncGraph("gradmon_add_into")
+_clear = ops.MultitypeFuncGraph("gradmon_clear")
+
+
+@_add_into.register("Tensor", "Tensor")
+def _add_into_accumulator(accum, grad):
+    return ops.assign_add(accum, grad)
+
+
+@_clear.register("Tensor")
+def _clear_accumulator(accum):
+    return ops.assign(accum, ops.zeros_like(accum))
 
 
 class _SkipUpdate(nn.Cell):
@@ -70,7 +87,8 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
             the gradients, their norm and the update all refer to ``sens * loss``.
         return_grad: as in ``nn.TrainOneStepCell``: also return ``{parameter name: gradient}``.
         **options: gradmon's options, each described in :class:`~gradmon.cells.options.StepOptions`
-            (``max_norm``, ``skip_nonfinite``, ``spike_mode``, ``history_size``, ``output_layout``...).
+            (``max_norm``, ``skip_nonfinite``, ``spike_mode``, ``history_size``, ``output_layout``,
+            ``grad_accum_steps``...).
 
     Outputs:
         ``(loss, grad_norm[, grads][, *extra])``: the loss (the network's first output), the float32
@@ -78,7 +96,9 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         before clipping (under sharding: the norm of the whole, unsharded gradients, the same on
         every rank), the gradient dict with ``return_grad=True`` and the network's other outputs.
         ``output_layout="mindformers"``: ``(loss, overflow, scale, lr, grad_norm)``. See
-        :mod:`gradmon.cells.layouts`.
+        :mod:`gradmon.cells.layouts`. With ``grad_accum_steps=N > 1`` the loss is a float32 scalar:
+        the micro-batch's own loss on the first N - 1 calls of an optimizer step, whose ``grad_norm``
+        is 0 (no norm exists yet; ``overflow`` is False), and the mean of the N losses on the N-th.
 
     Raises:
         UnsupportedParallelError: a parallel configuration whose norm gradmon cannot get right
@@ -94,7 +114,8 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         # Fail before building anything.
         check_step_arguments(type(self).__name__, network, optimizer)
         checked = StepOptions.from_kwargs(type(self).__name__, **options)
-        sens, return_grad = check_stock_arguments(sens, return_grad, checked.output_layout)
+        sens, return_grad = check_stock_arguments(sens, return_grad, checked.output_layout,
+                                                  checked.grad_accum_steps)
         super().__init__(network, optimizer, sens=sens, return_grad=return_grad)
         check_train_cell_layout(self)
         self.options = checked
@@ -113,6 +134,11 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         self.local_norm = options.local_norm
         self.layer_stats = layer_stats
         self.loss_scale = loss_scale
+        self.grad_accum_steps = options.grad_accum_steps
+        self.accumulates = self.grad_accum_steps > 1
+        # Whether the gradients reach the norm and the update times inv_scale: the loss scale's
+        # inverse, and 1/N under accumulation (the accumulator holds the sum of the N micro-batches').
+        self.unscales = loss_scale or self.accumulates
         # Compile-time switches read by construct (plain Python values are constants in GRAPH mode).
         self.has_max_norm = max_norm is not None
         self.spike_on = spike.enabled
@@ -123,9 +149,11 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         self.spike_z = spike.z_threshold
         self.clips = self.has_max_norm or self.spike_clip
         self.may_skip = self.skip_nonfinite or self.spike_skip
+        # The update runs exactly on finite steps (no loss-scale update cell, no spike skip).
+        self.skips_only_nonfinite = self.skip_nonfinite and not loss_scale and not self.spike_skip
         # Clipping without loss scaling inside the skip switch (see _monitored_update). With loss
         # scaling every step rescales anyway, and without a skip a branch costs more than it saves.
-        self.clip_in_branch = self.clips and self.may_skip and not loss_scale
+        self.clip_in_branch = self.clips and self.may_skip and not self.unscales
         if self.clip_in_branch:
             # A plain tuple, not a CellList: GRAPH mode compiles a tensor index into one switch, and
             # PYNATIVE reads the index once (Tensor.__index__), as it reads the `if` condition.
@@ -146,11 +174,12 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         self.parallel_setup = read_parallel_setup(self.network, tuple(self.weights), options.shard_group,
                                                   options.norm_strategy)
         self.grad_norm = GlobalNorm.build(self.weights, self.parallel_setup, options.norm_strategy,
-                                          per_tensor=layer_stats or options.forensics > 0, scaled=loss_scale)
+                                          per_tensor=layer_stats or options.forensics > 0,
+                                          scaled=self.unscales)
         setup_forensics(self, options)  # cells/forensics.py: the rings of forensics=K (none when off)
         if self.local_norm or self.forensics_keeps_ranks:
             self.local_grad_norm = GlobalNorm.build(self.weights, self.parallel_setup, options.norm_strategy,
-                                                    per_tensor=False, scaled=loss_scale, local=True)
+                                                    per_tensor=False, scaled=self.unscales, local=True)
 
         if self.spike_on:
             # [finite steps seen, mean, variance] of the detector, one vector: one read, one write.
@@ -167,6 +196,23 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
             self.counts = Parameter(Tensor(np.zeros(1 + len(COUNTER_NAMES), np.int32)),
                                     name="gradmon_counts", requires_grad=False)
             self._count_one = Tensor(np.ones(1, np.int32))
+        if self.accumulates:
+            self._setup_accumulation()
+
+    def _setup_accumulation(self) -> None:
+        """The accumulator (one buffer per gradient, the parameters' shapes and dtypes), the micro-step
+        counter and the sum of the micro-batches' losses: Parameters, so a checkpoint keeps them."""
+        self.accum_grads = self.weights.clone(prefix="gradmon_accum", init="zeros")
+        for accum in self.accum_grads:
+            accum.requires_grad = False
+        self.accum_loss = Parameter(Tensor(np.zeros((), np.float32)), name="gradmon_accum_loss",
+                                    requires_grad=False)
+        self.micro_step = Parameter(Tensor(np.zeros((), np.int32)), name="gradmon_micro_step",
+                                    requires_grad=False)
+        self._last_micro_step = Tensor(self.grad_accum_steps - 1, ms.int32)
+        self._micro_one = Tensor(1, ms.int32)
+        self._inv_accum = Tensor(1.0 / self.grad_accum_steps, ms.float32)
+        self._hyper_map = ops.HyperMap()
 
     # ------------------------------------------------------------------------------- construct
     def construct(self, *inputs):
@@ -177,7 +223,10 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         loss, extra = split_network_outputs(outputs)
         lr = self._step_learning_rate()  # before the optimizer advances its global_step
         grads, inv_scale, scale_used = self._backward(outputs, *inputs)
-        loss, norm, grads = self._monitored_update(loss, grads, inv_scale, scale_used)
+        if self.accumulates:
+            loss, norm, grads = self._accumulate(loss, grads, inv_scale, scale_used)
+        else:
+            loss, norm, grads = self._monitored_update(loss, grads, inv_scale, scale_used)
         return self._step_outputs(loss, norm, grads, extra, lr)
 
     def _forward(self, *inputs):
@@ -192,6 +241,34 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         else:
             grads = self.grad_no_sens(self.network, self.weights)(*inputs)
         return grads, self._one, self._one
+
+    def _accumulate(self, loss, grads, inv_scale, scale_used):
+        """One micro-step: add this micro-batch's gradients (before any reduction) to the accumulator;
+        on the N-th, run :meth:`_monitored_update` once on their mean and clear the accumulator.
+
+        The mean is the sum times ``1/N``, folded into the unscaling multiply (``inv_scale``) that
+        the norm and the update already make: as in MindSpore's and mindformers' accumulation, the
+        optimizer sees the mean gradient over the N micro-batches. A non-finite micro-batch makes
+        the sum non-finite, so its whole optimizer step is skipped (with ``skip_nonfinite``).
+        Returns ``(loss, grad_norm, grads)``: on the first N - 1 calls the micro-batch's float32
+        loss and a norm of 0; on the N-th, the mean loss and the accumulated step's norm.
+        """
+        loss32 = _as_scalar_f32(loss)
+        loss_sum = self.accum_loss + loss32
+        grads = ops.depend(grads, self._hyper_map(_add_into, self.accum_grads, grads))
+        norm = self._zero
+        if self.micro_step < self._last_micro_step:
+            ops.assign(self.accum_loss, loss_sum)
+            ops.assign_add(self.micro_step, self._micro_one)
+        else:
+            # The accumulator, read after the add above (the Parameters' reads follow program order).
+            mean_loss = loss_sum * self._inv_accum
+            loss32, norm, grads = self._monitored_update(mean_loss, self.accum_grads,
+                                                         inv_scale * self._inv_accum, scale_used)
+            loss32 = ops.depend(loss32, self._hyper_map(_clear, self.accum_grads))
+            ops.assign(self.accum_loss, self._zero)
+            ops.assign(self.micro_step, ops.zeros_like(self.micro_step))
+        return loss32, norm, grads
 
     def _monitored_update(self, loss, grads, inv_scale, scale_used):
         """Norm, detector, clip, guarded optimizer call and history for one step.
@@ -210,9 +287,12 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         apply = self._update_allowed(finite, spike, scale_used)
         loss = self._guarded_update(loss, update, coef, apply)
         if self.history_size > 0:
-            clipped = ops.logical_and(apply, coef < 1.0)
-            self._record(loss, norm, coef, zscore, clipped, spike, ops.logical_not(apply),
-                         ops.logical_not(finite), scale_used, local)
+            # Flags fixed by the options are constants (no kernel): without clipping nothing is
+            # clipped, and with the non-finite skip alone a step is skipped exactly when it is non-finite.
+            clipped = ops.logical_and(apply, coef < 1.0) if self.clips else self._false
+            nonfinite = ops.logical_not(finite)
+            skipped = nonfinite if self.skips_only_nonfinite else ops.logical_not(apply)
+            self._record(loss, norm, coef, zscore, clipped, spike, skipped, nonfinite, scale_used, local)
         return loss, norm, grads
 
     def _local_norm(self, grads, inv_scale):
@@ -276,12 +356,12 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         ``clip_in_branch`` the clip happens inside the update switch, only on steps that clip.
         """
         if self.clips:
-            if self.loss_scale:
+            if self.unscales:
                 return scale_grads(grads, coef * inv_scale)
             if not self.clip_in_branch:
                 return scale_grads(grads, coef)
             return grads
-        if self.loss_scale:
+        if self.unscales:
             return scale_grads(grads, inv_scale)
         return grads
 
@@ -294,6 +374,8 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         """
         if not self.may_skip:
             return ops.ones_like(finite)
+        if self.skips_only_nonfinite:
+            return finite
         overflow = ops.logical_not(finite)
         if self.loss_scaling_manager is not None:
             overflow = self.loss_scaling_manager(self.scale_sense, ops.depend(overflow, scale_used))
@@ -318,10 +400,7 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
 
     def _record(self, loss, norm, coef, zscore, clipped, spike, skipped, nonfinite, scale_used, local):
         """Write this step's row into the ring and bump the counters (a handful of tiny kernels)."""
-        # Shape and dtype are compile-time constants: a float32 scalar loss costs no kernel here.
-        loss32 = loss if loss.dtype == ms.float32 else ops.cast(loss, ms.float32)
-        if loss32.shape != ():
-            loss32 = ops.reduce_mean(loss32)
+        loss32 = _as_scalar_f32(loss)
         flags = ops.stack((clipped, spike, skipped, nonfinite))
         parts = (ops.stack((loss32, norm, coef, zscore)), ops.cast(flags, ms.float32))
         # Tuple concatenation, not starred unpacking: GRAPH mode's parser handles the former.
@@ -333,6 +412,16 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         slot = ops.floor_mod(self.counts[0:1], self.history_size)
         ops.scatter_update(self.history, slot, row)
         ops.assign_add(self.counts, ops.concat((self._count_one, ops.cast(flags, ms.int32))))
+
+
+def _as_scalar_f32(loss):
+    """The loss as a float32 scalar (the mean of a non-scalar loss).
+
+    Shape and dtype are compile-time constants: a float32 scalar loss costs no kernel here."""
+    loss32 = loss if loss.dtype == ms.float32 else ops.cast(loss, ms.float32)
+    if loss32.shape != ():
+        loss32 = ops.reduce_mean(loss32)
+    return loss32
 
 
 class MonitoredTrainStepWithLossScale(MonitoredTrainStep):

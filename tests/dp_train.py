@@ -6,8 +6,10 @@ process trains the same steps on the full global batches and writes ``OUT.refere
 with mean-reduced gradients the two must agree.
 
 Usage: ``msrun --worker_num=2 --local_worker_num=2 ... tests/dp_train.py OUT [--steps N]
-[--log-dir DIR]`` or ``python tests/dp_train.py OUT --reference``. ``--log-dir`` attaches
-``gradmon.monitor.callback.LiveMonitor`` (writing ``DIR/metrics.jsonl``) when it is importable.
+[--log-dir DIR] [--accum N]`` or ``python tests/dp_train.py OUT --reference``. ``--accum N``:
+each step is N micro-batches (``grad_accum_steps=N``); the norms are those of the optimizer steps.
+``--log-dir`` attaches ``gradmon.monitor.callback.LiveMonitor`` (writing ``DIR/metrics.jsonl``) when it
+is importable.
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ def global_batches(steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(x[i], y[i]) for i in range(steps)]
 
 
-def build() -> MonitoredTrainStep:
+def build(accum: int = 1) -> MonitoredTrainStep:
     ms.set_seed(0)
     net = MLP(in_dim=16, hidden=32)
     opt = nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9)
-    return MonitoredTrainStep(with_loss(net), opt, max_norm=2.0, history_size=8, local_norm=True)
+    options = {"grad_accum_steps": accum} if accum > 1 else {}
+    return MonitoredTrainStep(with_loss(net), opt, max_norm=2.0, history_size=8, local_norm=True, **options)
 
 
 def main() -> None:
@@ -51,6 +54,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--reference", action="store_true")
     parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--accum", type=int, default=1)
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE)
     rank, world = 0, 1
@@ -60,7 +64,7 @@ def main() -> None:
         init()
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
         rank, world = get_rank(), get_group_size()
-    step = build()
+    step = build(args.accum)
     monitor = None
     if args.log_dir:
         try:
@@ -71,9 +75,11 @@ def main() -> None:
             monitor = LiveMonitor(os.path.join(args.log_dir, "metrics.jsonl"), log_interval=2).attach(step)
     shard = GLOBAL_BATCH // world
     norms, losses = [], []
-    for x, y in global_batches(args.steps):
+    for i, (x, y) in enumerate(global_batches(args.steps * args.accum)):
         xs, ys = x[rank * shard:(rank + 1) * shard], y[rank * shard:(rank + 1) * shard]
         loss, norm = step(Tensor(xs), Tensor(ys))
+        if (i + 1) % args.accum:
+            continue  # a micro-step: no norm yet
         norms.append(float(norm.asnumpy()))
         losses.append(float(loss.asnumpy()))
         if monitor is not None:

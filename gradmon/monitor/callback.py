@@ -16,6 +16,12 @@ directly; ``attach(cell, optimizer)`` + ``after_step(outputs)`` after each step 
 loop gives the same interval logic as under ``Model``; ``start(initial_step=N)`` opens the segment
 at a step of your choosing; ``close()`` (or ``with``) ends the run; ``should_stop`` turns true when
 the abort policy fires.
+
+Gradient accumulation (a cell with ``grad_accum_steps=N``): the loop calls the cell once per
+micro-batch, the monitor counts optimizer steps. Under ``Model.train`` step ``s`` is done at the
+loop's step ``s * N`` (its ``cur_step_num`` divided by N, rounded down); an epoch of B batches is
+``B // N`` steps and a step's samples are N batches. In a hand-written loop call ``after_step``
+after every call of the cell (each N-th one completes a step). Records are per optimizer step.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from gradmon.monitor.rollback import RecoveryDriver
 from gradmon.monitor.segment import Segment, rank_log_path
 from gradmon.monitor.settings import MonitorSettings
 from gradmon.monitor.steplog import StepLogger
-from gradmon.monitor.training_state import batch_size, epoch_length, restored_step
+from gradmon.monitor.training_state import accumulation_steps, batch_size, epoch_length, restored_step
 
 __all__ = ["LiveMonitor", "log_file_path", "rank_log_path"]
 
@@ -120,7 +126,9 @@ class LiveMonitor(Callback):
         self._segment: Segment | None = None  # the open (or last) segment
         self._started = False
         self._run_context: Any = None
-        self._step_offset = 0  # global step = Model's cur_step_num + this
+        self._step_offset = 0  # global step = Model's cur_step_num // accumulation + this
+        self._accumulation = 1  # calls of the step cell per optimizer step (its grad_accum_steps)
+        self._micro_calls = 0  # after_step calls (hand-written loops)
         self._epoch_offset: int | None = None  # epoch = Model's cur_epoch_num + this (set at the 1st step)
         self._eval_losses: list[float] = []  # per-batch losses of the evaluation under way
         self._depth = 0  # nesting of `with` blocks (Model enters callbacks for train and eval)
@@ -149,6 +157,7 @@ class LiveMonitor(Callback):
         ``cell.optimizer``) for the rate and its ``global_step``."""
         self._cell = cell
         self._optimizer = optimizer if optimizer is not None else getattr(cell, "optimizer", None)
+        self._accumulation, self._micro_calls = accumulation_steps(cell), 0
         if self._started and self._segment is not None:
             self._segment.bind(self._cell, self._optimizer)
         return self
@@ -166,9 +175,12 @@ class LiveMonitor(Callback):
 
     def _open_segment(self, initial_step: int | None, steps_per_epoch: int | None,
                       steps_per_epoch_unknown: str | None, batch_size: int | None, *,
-                      steps_run: int = 0, initial_step_from: str | None = None) -> None:
+                      steps_run: int = 0, initial_step_from: str | None = None,
+                      **segment_options: Any) -> None:
         """``steps_run``: steps already done in this segment (``after_step`` opens it after the
-        loop's first step, which the training state then counts already)."""
+        loop's first step, which the training state then counts already). ``initial_step_from``:
+        where a given ``initial_step`` came from; ``segment_options``: :class:`Segment`'s optional
+        arguments (a trainer adapter's pipeline stages, samples per step, header fields)."""
         if self._started:
             return
         if initial_step is None:
@@ -183,11 +195,14 @@ class LiveMonitor(Callback):
             initial_step_from=source, steps_per_epoch=steps_per_epoch,
             steps_per_epoch_unknown=steps_per_epoch_unknown,
             batch_size=batch_size if batch_size is not None else self.settings.batch_size,
-            on_stop=self._request_stop,
+            on_stop=self._request_stop, **segment_options,
         )
         self._started, self._epoch_offset = True, None
         self._segment_args = (steps_per_epoch, steps_per_epoch_unknown, batch_size)
         if self._recovery_config is not None:
+            if self._accumulation > 1:
+                raise ValueError("automatic recovery does not support a step cell with grad_accum_steps > 1 "
+                                 "(a rollback would land inside an optimizer step); train without recovery")
             if self.recovery is None:
                 self.recovery = RecoveryDriver(self._recovery_config, self._cell,
                                                alarm_config=self.settings.alarm_config)
@@ -232,17 +247,26 @@ class LiveMonitor(Callback):
         assert self._segment is not None, "no segment open"
         return self._segment.logger
 
-    def on_train_begin(self, run_context: Any) -> None:
+    def on_train_begin(self, run_context: Any, *args: Any, **kwargs: Any) -> None:
+        if args or kwargs:  # mindformers 2.x's PyNative Trainer: on_train_begin(config, state, model=...)
+            raise TypeError("LiveMonitor is a MindSpore Callback; mindformers' PyNative Trainer calls "
+                            "TrainerCallback hooks: use "
+                            "gradmon.integrations.mindformers.MindFormersLiveMonitor "
+                            "(YAML: callbacks: [{type: LiveMonitor}]) or "
+                            "gradmon.integrations.trainer_callback.TrainerLiveMonitor")
         cb = run_context.original_args()
         self.attach(cb.train_network, cb.get("optimizer"))
         if self._started and self._logger.step > self._segment.initial_step:
             self.close()  # a monitor reused for a second train(): a new segment
         if not self._started:
             steps, unknown = epoch_length(cb)
-            self._open_segment(None, steps, unknown, self.settings.batch_size or batch_size(cb))
+            per_batch = self.settings.batch_size or batch_size(cb)
+            n = self._accumulation  # an optimizer step takes n of the loop's steps (batches)
+            self._open_segment(None, steps // n if steps else steps, unknown,
+                               per_batch * n if per_batch else per_batch)
         self._run_context = run_context
         # Model counts from 0 (or its initial_step) in every process: continue from the segment's start.
-        self._step_offset = self._logger.step - int(cb.get("cur_step_num") or 0)
+        self._step_offset = self._logger.step - int(cb.get("cur_step_num") or 0) // self._accumulation
 
     def on_train_step_begin(self, run_context: Any) -> None:
         if not self._holding():
@@ -258,7 +282,7 @@ class LiveMonitor(Callback):
         if self._epoch_offset is None:
             seg = self._segment
             self._epoch_offset = resumed_epoch_offset(seg.initial_step, seg.steps_per_epoch, epoch)
-        self._logger.step_end(cb.cur_step_num + self._step_offset, cb.net_outputs,
+        self._logger.step_end(int(cb.cur_step_num) // self._accumulation + self._step_offset, cb.net_outputs,
                               epoch=epoch + self._epoch_offset)
         self._recover()
 
@@ -314,13 +338,15 @@ class LiveMonitor(Callback):
         as a reference and only read on log steps). Same interval logic as under ``Model``. The
         first call opens the segment (unless ``start`` did): the training state counts this step
         already, so the segment starts one step before it."""
+        self._micro_calls += 1
+        done = int(self._micro_calls % self._accumulation == 0)  # this call ran the optimizer
         if not self._started:
-            self._open_segment(None, None, _EPOCH_LENGTH_NOT_GIVEN, None, steps_run=1)
+            self._open_segment(None, None, _EPOCH_LENGTH_NOT_GIVEN, None, steps_run=done)
         if self._holding():
             self._undo_held_step()
             return
         logger = self._logger
-        logger.step_end(logger.step + 1, outputs, epoch=epoch)
+        logger.step_end(logger.step + done, outputs, epoch=epoch)
         self._recover()
 
     # -- automatic recovery ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 import mindspore as ms
 
-__all__ = ["cell_config", "distributed", "header_fields", "parallel_info"]
+__all__ = ["cell_config", "context_pipeline_stages", "distributed", "header_fields", "parallel_info"]
 
 _log = logging.getLogger("gradmon.monitor.callback")
 
@@ -31,6 +31,15 @@ def distributed() -> tuple[int, int]:
         return int(get_rank()), int(get_group_size())
     except Exception:
         return 0, 1
+
+
+def context_pipeline_stages() -> int:
+    """The pipeline stages of MindSpore's auto-parallel context (1 when unreadable)."""
+    try:
+        return max(int(ms.get_auto_parallel_context("pipeline_stages")), 1)
+    except Exception as exc:
+        _log.debug("gradmon: pipeline_stages not readable: %s", exc)
+        return 1
 
 
 def parallel_info(world_size: int) -> dict[str, Any]:

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from gradmon.logformat.alarms import AlarmConfig, AlarmRule
-from gradmon.monitor.header import distributed, header_fields
+from gradmon.monitor.header import context_pipeline_stages, distributed, header_fields
 from gradmon.monitor.lr import LrReader
 from gradmon.monitor.settings import MonitorSettings
 from gradmon.monitor.steplog import StepLogger
 from gradmon.monitor.training_state import overflow_floor, save_abort_checkpoint
 from gradmon.monitor.writer import RunLogWriter
+from gradmon.monitor.writer_rank import writer_rank
 
 __all__ = ["Segment", "rank_log_path"]
 
@@ -36,7 +38,10 @@ class Segment:
     """One open segment of a monitor's run log.
 
     ``initial_step``: the last step before the segment (``initial_step_from`` says where it came
-    from, for the header); ``on_stop``: called when the abort policy fires.
+    from, for the header); ``on_stop``: called when the abort policy fires. ``pipeline_stages``:
+    for the writer rank (default: MindSpore's auto-parallel context); ``samples_per_step``: samples
+    per step over all ranks when known as such (default ``batch_size * world_size``);
+    ``header_extra``: more header fields (a trainer's settings).
     """
 
     def __init__(
@@ -51,6 +56,9 @@ class Segment:
         steps_per_epoch_unknown: str | None,
         batch_size: int | None,
         on_stop: Callable[[], Any],
+        pipeline_stages: int | None = None,
+        samples_per_step: int | None = None,
+        header_extra: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = settings
         self.initial_step = initial_step
@@ -65,7 +73,10 @@ class Segment:
             alarm_rule=config.as_dict() if isinstance(config, AlarmConfig) else None,
             recovery=settings.recovery.as_dict() if settings.recovery is not None else None,
         )
-        paths = ([settings.log_file] if self.rank == 0 else []) + (
+        header.update(header_extra or {})
+        stages = pipeline_stages if pipeline_stages is not None else context_pipeline_stages()
+        self.writer_rank = writer_rank(world_size, stages, settings.writer_rank)
+        paths = ([settings.log_file] if self.rank == self.writer_rank else []) + (
             [rank_log_path(settings.log_file, self.rank)] if settings.per_rank else [])
         self.writers: list[RunLogWriter] = []
         try:
@@ -78,7 +89,8 @@ class Segment:
         saves = settings.abort_checkpoint is not None and self.rank == 0  # DP weights agree on every rank
         self.logger = StepLogger(
             self.writers, settings, initial_step=initial_step, cell=cell,
-            samples_per_step=None if batch_size is None else int(batch_size) * world_size,
+            samples_per_step=samples_per_step if samples_per_step is not None
+            else None if batch_size is None else int(batch_size) * world_size,
             save_checkpoint=self._save_abort_checkpoint if saves else None, on_stop=on_stop,
             alarm_rule=AlarmRule(config) if isinstance(config, AlarmConfig) and self.writers else None,
         )

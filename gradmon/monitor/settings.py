@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from gradmon.logformat.alarms import AlarmConfig
 from gradmon.monitor.recovery import Recovery, recovery_of
+from gradmon.monitor.writer_rank import check_writer_rank
 
 __all__ = ["MonitorSettings", "alarm_config_of"]
 
@@ -54,8 +55,11 @@ class MonitorSettings:
     - ``batch_size``: samples per step on one rank, when the dataset cannot tell
       (``train_dataset.get_batch_size()`` is used otherwise). Throughput is global:
       ``batch_size * world_size / step_time``.
-    - ``per_rank``: every rank also writes ``metrics.rank<N>.jsonl`` beside ``log_file`` (rank 0
-      still writes ``log_file``). By default only rank 0 writes.
+    - ``per_rank``: every rank also writes ``metrics.rank<N>.jsonl`` beside ``log_file`` (the
+      writer rank still writes ``log_file``). By default only the writer rank writes.
+    - ``writer_rank``: which rank writes ``log_file`` (:func:`gradmon.monitor.writer_rank.writer_rank`):
+      None/``"auto"`` (default) rank 0, or under pipeline parallelism the last rank (the last stage
+      holds the loss); ``"first"``, ``"last_stage"`` or a rank number.
     - ``system_metrics``, ``system_interval``: sample host CPU, RSS and device memory every
       ``system_interval`` seconds on a background thread (``system`` records).
     - ``abort_after``: stop training after this many consecutive bad steps (docs/format.md: a
@@ -95,6 +99,7 @@ class MonitorSettings:
     config: Mapping[str, Any] = field(default_factory=dict)
     batch_size: int | None = None
     per_rank: bool = False
+    writer_rank: int | str | None = None
     system_metrics: bool = False
     system_interval: float = 5.0
     abort_after: int | None = None
@@ -112,6 +117,7 @@ class MonitorSettings:
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
         set_(self, "log_file", os.fspath(self.log_file))
+        set_(self, "writer_rank", check_writer_rank(self.writer_rank))
         if int(self.log_interval) < 1:
             raise ValueError(f"log_interval must be >= 1, got {self.log_interval}")
         if self.abort_after is not None and int(self.abort_after) < 1:

@@ -117,6 +117,7 @@ class StepLogger:
         self._outputs: Any = None  # the last step's outputs: a reference, read on log steps only
         self._t_interval = self._t_last_end = clock()
         self._data_times: list[float] = []
+        self._step_continues = False  # the last step_end did not advance the step
         self._history_failed = False
         self._event_hook_failed = False
         # Sees every step record written (automatic recovery's triggers); with it every rank reads.
@@ -125,8 +126,13 @@ class StepLogger:
     # -- steps ----------------------------------------------------------------------------------
 
     def step_begin(self) -> None:
-        """A step is about to run: the time since the last one ended is its data time."""
-        self._data_times.append(self._clock() - self._t_last_end)
+        """A step (or a micro-batch of one) is about to run: the time since the last one ended is
+        its data time; a step's micro-batches add up."""
+        wait = self._clock() - self._t_last_end
+        if self._step_continues and self._data_times:
+            self._data_times[-1] += wait
+        else:
+            self._data_times.append(wait)
 
     def step_end(self, step: int, outputs: Any = None, *, epoch: int | None = None) -> None:
         """Steps up to ``step`` have run (one callback may cover several: dataset sink mode);
@@ -135,6 +141,8 @@ class StepLogger:
         self._t_last_end = self._clock()
         if epoch is not None:
             self.epochs.note(epoch, self.step + 1)
+        # Not advanced: a micro-batch of a step still under way (gradient accumulation).
+        self._step_continues = int(step) == self.step
         self.step = int(step)
         self._outputs = outputs
         if self.step // self.log_interval > self.logged_step // self.log_interval:

@@ -7,6 +7,7 @@ abort checkpoint.
 - :func:`overflow_floor`: the loss scale at or below which a loss-scale overflow is a failure
   rather than a dynamic scale settling (see :func:`gradmon.monitor.records.abort_vote`).
 - :func:`epoch_length`: the number of steps MindSpore actually runs per epoch; :func:`batch_size`.
+- :func:`accumulation_steps`: how many of the loop's steps make one optimizer step.
 """
 
 from __future__ import annotations
@@ -21,9 +22,17 @@ import numpy as np
 
 from gradmon.monitor.records import DYNAMIC_MIN_LOSS_SCALE
 
-__all__ = ["batch_size", "epoch_length", "overflow_floor", "restored_step", "save_abort_checkpoint"]
+__all__ = ["accumulation_steps", "batch_size", "epoch_length", "overflow_floor", "restored_step",
+           "save_abort_checkpoint"]
 
 _log = logging.getLogger("gradmon.monitor.callback")
+
+
+def accumulation_steps(cell: Any) -> int:
+    """Calls of the step cell per optimizer step: a ``MonitoredTrainStep``'s ``grad_accum_steps``
+    (each call is one micro-batch; the N-th runs the optimizer), 1 for any other cell."""
+    steps = getattr(cell, "grad_accum_steps", 1)
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1 else 1
 
 
 def restored_step(cell: Any, optimizer: Any) -> tuple[int, str]:
