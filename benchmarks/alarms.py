@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -50,8 +51,9 @@ class SuitePlan:
     demos: bool
 
 
-FULL = SuitePlan(SETTINGS, FAULTS, clean_steps=1000, seeds=(0, 1), fault_steps=(150, 600), branch_steps=120,
-                 demos=True)
+# Faults at steps 10 and 37 test the detector's early defence (issue 22): before its EMA warm-up ends.
+FULL = SuitePlan(SETTINGS, FAULTS, clean_steps=1000, seeds=(0, 1), fault_steps=(10, 37, 150, 600),
+                 branch_steps=120, demos=True)
 SMOKE = SuitePlan(SETTINGS[:1], (FAULTS[2], FAULTS[5]), clean_steps=120, seeds=(0,), fault_steps=(80,),
                   branch_steps=20, demos=False)
 
@@ -70,12 +72,13 @@ def score_clean(records: Sequence[dict[str, Any]], warmup: int) -> dict[str, Any
         "detector_old_per_100": rules.detector_rate(records, rules.OLD_ZCLIP["warmup"], old),
         "detector_new_per_100": rules.detector_rate(records, warmup, cell),
         "detector_new_flags": len(cell),
+        "detector_after_10_per_100": rules.flags_after_per_100(records, rules.EARLY_STEP, cell),
         "alarm_events": rules.alarm_events(records),
         "headroom": rules.headroom(records),
     }
 
 
-def score_setting(runs: SettingRuns) -> dict[str, Any]:
+def score_setting(runs: SettingRuns, keep_records: bool = False) -> dict[str, Any]:
     """The results of one setting: clean runs per seed, faulty runs per (fault, step)."""
     clean = {str(seed): score_clean(records, runs.warmup_detector) for seed, records in runs.clean.items()}
     trunk = runs.clean[min(runs.clean)]
@@ -92,9 +95,15 @@ def score_setting(runs: SettingRuns) -> dict[str, Any]:
                        for rule, s in scores.items()},
             "alarm_events": events,
             "headroom": rules.headroom([*prefix, *fr.records], steps=(fr.start, fr.start + 1)),
+            "detector_caught": bool(rules.cell_spike_steps(fr.records[:2])) or not math.isfinite(magnitude),
         })
-    return {"setting": runs.setting.name, "what": runs.setting.describe(), "seconds": runs.seconds,
-            "detector_warmup": runs.warmup_detector, "clean": clean, "faults": faults}
+    out = {"setting": runs.setting.name, "what": runs.setting.describe(), "seconds": runs.seconds,
+           "detector_warmup": runs.warmup_detector, "clean": clean, "faults": faults}
+    if keep_records:  # the raw step records, for replaying other detector or alarm settings
+        out["records"] = {"clean": {str(k): v for k, v in runs.clean.items()},
+                          "faults": [{"fault": fr.fault.name, "start": fr.start, "records": fr.records}
+                                     for fr in runs.faults]}
+    return out
 
 
 # -- the example runs -------------------------------------------------------------------------
@@ -159,7 +168,8 @@ def run_examples(log: Callable[[str], None]) -> dict[str, Any]:
 # -- the suite --------------------------------------------------------------------------------
 
 
-def run_suite(plan: SuitePlan, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_suite(plan: SuitePlan, log: Callable[[str], None] = print, keep_records: bool = False
+              ) -> dict[str, Any]:
     """Train and score everything in ``plan``; return the results document."""
     import mindspore as ms
 
@@ -180,7 +190,7 @@ def run_suite(plan: SuitePlan, log: Callable[[str], None] = print) -> dict[str, 
         runs = train_setting(setting, clean_steps=plan.clean_steps, seeds=plan.seeds,
                              fault_steps=plan.fault_steps, faults=plan.faults, branch_steps=plan.branch_steps,
                              log=log)
-        doc["settings"].append(score_setting(runs))
+        doc["settings"].append(score_setting(runs, keep_records))
     if plan.demos:
         doc["examples"] = run_examples(log)
     doc["wall_s"] = time.perf_counter() - t0
@@ -206,15 +216,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", default=str(DEFAULT_OUT), help="where alarms-<stamp>.json/.md go")
     p.add_argument("--no-examples", action="store_true", help="skip the demo and spike-demo runs")
     p.add_argument("--no-write", action="store_true", help="do not write benchmarks/ALARMS.md (full runs)")
+    p.add_argument("--settings", help="comma-separated setting names (default: all of the plan's)")
+    p.add_argument("--records", action="store_true", help="keep every step record in the JSON file")
     a = p.parse_args(argv)
     plan = SMOKE if a.smoke else FULL
     if a.no_examples:
         plan = SuitePlan(**{**plan.__dict__, "demos": False})
+    if a.settings:
+        wanted = a.settings.split(",")
+        unknown = sorted(set(wanted) - {s.name for s in SETTINGS})
+        if unknown:
+            p.error(f"unknown setting(s) {unknown}; known: {[s.name for s in SETTINGS]}")
+        plan = SuitePlan(**{**plan.__dict__, "settings": tuple(s for s in SETTINGS if s.name in wanted)})
+    partial = a.settings is not None or a.no_examples
 
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    doc = run_suite(plan, log)
+    doc = run_suite(plan, log, keep_records=a.records)
     doc["smoke"] = a.smoke
     os.makedirs(a.out_dir, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S") + ("-smoke" if a.smoke else "")
@@ -223,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown = render(doc)
     md_path = Path(a.out_dir) / f"alarms-{stamp}.md"
     md_path.write_text(markdown, encoding="utf-8")
-    if not a.smoke and not a.no_write:
+    if not a.smoke and not a.no_write and not partial:
         (HERE / "ALARMS.md").write_text(markdown, encoding="utf-8")
         log(f"wrote {HERE / 'ALARMS.md'}")
     log(f"wrote {json_path}\nwrote {md_path}\n({doc['wall_s']:.0f} s)")

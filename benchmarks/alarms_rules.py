@@ -28,6 +28,7 @@ OLD_ZCLIP = {"warmup": 25, "alpha": 0.97, "z_threshold": 2.5}
 PAGE_RULE = {"k": 5.0, "window": 50, "min_history": 10}
 RULES = ("banner", "page_rule", "zclip", "detector", "alarms")
 MUST_MAGNITUDE = 10.0  # faults that move the norm this much (or make a value non-finite) must alarm
+EARLY_STEP = 10  # the detector's clean-run flag rate is counted after this step (issue 22)
 MAGNITUDE_BASE_STEPS = 50  # the norm level before a fault: the median of this many clean steps
 
 
@@ -120,6 +121,12 @@ def detector_rate(records: Sequence[dict[str, Any]], warmup: int, flags: set[int
             after += 1
             count += r["step"] in flags
     return 100.0 * count / after if after else math.nan
+
+
+def flags_after_per_100(records: Sequence[dict[str, Any]], step: int, flags: set[int]) -> float:
+    """Detector flags per 100 steps after ``step``."""
+    after = [r["step"] for r in records if r["step"] > step]
+    return 100.0 * sum(s in flags for s in after) / len(after) if after else math.nan
 
 
 def fault_magnitude(prefix: Sequence[dict[str, Any]], faulty: Sequence[dict[str, Any]]) -> float:

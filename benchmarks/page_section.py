@@ -19,6 +19,7 @@ Playwright; no browser is ever downloaded).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks.runlogs import ensure_run_log, generate_run_log, step_record
-from benchmarks.server_section import http_get, serve, server_unavailable_reason
+from benchmarks.server_harness import http_get, serve, server_unavailable_reason
 from gradmon.logformat.alarms import AlarmConfig
 from gradmon.logformat.jsonl import encode_record
 
@@ -247,6 +248,15 @@ _LOAD_PARTS = """() => {
 }"""
 
 
+# DOMContentLoaded and what the page asked for (the document itself counts as one request).
+_REQUESTS = """() => {
+  const nav = performance.getEntriesByType('navigation')[0] || {};
+  const res = performance.getEntriesByType('resource');
+  return {dom_content_loaded_ms: nav.domContentLoadedEventEnd || null, requests: res.length + 1,
+          script_requests: res.filter(e => e.initiatorType === 'script' || /[.]js$/.test(e.name)).length};
+}"""
+
+
 def _history_bytes(page: Any) -> int:
     return int(page.evaluate("""() => performance.getEntriesByType('resource')
         .filter(e => e.name.includes('/history')).reduce((a, e) => a + e.encodedBodySize, 0)"""))
@@ -262,7 +272,8 @@ def load_page(browser: Any, url: str, runs: int, timeout_ms: float = 120_000) ->
         cdp = ctx.new_cdp_session(page)
         cdp.send("HeapProfiler.collectGarbage")
         heap = cdp.send("Runtime.getHeapUsage")["usedSize"]
-        return {"ready_ms": ready, "heap_mb": heap / 1e6, "history_bytes": _history_bytes(page)}
+        parts = page.evaluate(_REQUESTS)
+        return {"ready_ms": ready, "heap_mb": heap / 1e6, "history_bytes": _history_bytes(page), **parts}
     finally:
         ctx.close()
 
@@ -366,6 +377,58 @@ def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: s
     return result
 
 
+# ---------------------------------------------------------------------------- two builds
+
+def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20_000,
+                   log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The page's first paint, one and four runs of ``n`` steps, for each of ``trees`` (label ->
+    a checkout with its page built; its server serves its own page) in the same run: every round
+    opens each tree's page with one run and with four, in alternating order, each in a freshly
+    launched Chromium (1400x900). Medians of ``ready_ms`` (navigation start -> the first viewport's
+    charts drawn with every shown run), DOMContentLoaded and the requests."""
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks.bigruns import _server
+
+    four = os.path.join(out_dir, "bigruns", f"four-{n}")
+    if not os.path.exists(os.path.join(four, "diverged", "metrics.jsonl")):
+        write_four_runs(four, n)
+    got: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    with contextlib.ExitStack() as stack, sync_playwright() as p:
+        urls = {}
+        for label, tree in trees.items():
+            srv = stack.enter_context(_server(tree, four,
+                                              os.path.join(out_dir, f"server-page-{label}.log")))
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    _wait_indexed(srv["url"], 4, 120)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+            urls[label] = srv["url"]
+        cases = [(label, case) for label in trees for case in ("one", "four")]
+        for r in range(rounds):
+            for label, case in (cases if r % 2 == 0 else cases[::-1]):
+                browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                try:
+                    url = urls[label] + ("/?run=baseline" if case == "one" else "/")
+                    got.setdefault((label, case), []).append(
+                        load_page(browser, url, 1 if case == "one" else 4))
+                finally:
+                    browser.close()
+    out: dict[str, Any] = {"steps": n, "rounds": rounds}
+    for (label, case), xs in got.items():
+        for key in ("ready_ms", "dom_content_loaded_ms", "requests", "script_requests", "heap_mb"):
+            out[f"{label}_{case}_{key}"] = statistics.median(x[key] for x in xs)
+        k = f"{label}_{case}_"
+        log(f"  {label} {case} run(s): ready {out[k + 'ready_ms']:.0f} ms, DOMContentLoaded "
+            f"{out[k + 'dom_content_loaded_ms']:.0f} ms, {out[k + 'requests']:.0f} requests")
+    return out
+
+
 # ---------------------------------------------------------------------------- screenshots
 
 SHOTS = {
@@ -409,8 +472,20 @@ def screenshots(out_dir: str, n: int = 20_000) -> list[str]:
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(description="Screenshots of the page on the four-run set (docs/img).")
-    parser.add_argument("--screenshots", metavar="DIR", required=True, help="where to write the PNGs")
+    parser = argparse.ArgumentParser(description="Screenshots of the page on the four-run set (docs/img), "
+                                     "or this page against another build's (--compare).")
+    parser.add_argument("--screenshots", metavar="DIR", help="where to write the PNGs")
+    parser.add_argument("--compare", metavar="TREE",
+                        help="a checkout with its page built (the previous release)")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20_000)
-    for shot in screenshots(parser.parse_args().screenshots, parser.parse_args().steps):
-        print(shot)
+    parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(STATIC_INDEX), "..", "..",
+                                                          "benchmarks", "out"))
+    args = parser.parse_args()
+    if args.compare:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        print(json.dumps(compare_builds({"prev": args.compare, "this": here}, args.rounds, args.out_dir,
+                                        args.steps), indent=1))
+    if args.screenshots:
+        for shot in screenshots(args.screenshots, args.steps):
+            print(shot)

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from benchmarks.runlogs import ensure_run_log, header
-from benchmarks.server_section import _latency_case, _runs, _start_clients, _writer, http_get, serve
+from benchmarks.server_harness import http_get, latency_case, list_runs, run_log_writer, serve, start_clients
 from benchmarks.stats import latency_summary, percentile
 from benchmarks.ws_clients import send_text_frame, stalled_client
 
@@ -53,7 +53,7 @@ def _rss_mb(pid: int) -> float:
 def _block(srv: dict[str, Any], writer: Any, step: int, settings: dict[str, Any], tmp: str,
            duration: float | None = None) -> tuple[dict[str, Any], int]:
     """One live-latency block: one measuring client, ``rate`` records/s for ``block_s``."""
-    case, step = _latency_case(srv, writer, step, 1, settings["rate"], duration or settings["block_s"],
+    case, step = latency_case(srv, writer, step, 1, settings["rate"], duration or settings["block_s"],
                                tempfile.mkdtemp(dir=tmp))
     keys = ("p50_ms", "p99_ms", "max_ms", "received", "written", "server_cpu_percent", "error")
     return {k: case.get(k) for k in keys if k in case}, step
@@ -96,7 +96,7 @@ def _zoom(url: str, name: str, steps: int) -> Callable[[random.Random], Any]:
 def _wait_indexed(url: str, name: str, steps: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        info = {r["name"]: r for r in _runs(url)}.get(name)
+        info = {r["name"]: r for r in list_runs(url)}.get(name)
         if info and info.get("last_step") == steps and not info.get("indexing"):
             return True
         time.sleep(0.1)
@@ -116,7 +116,7 @@ def _zoom_and_indexing(settings: dict[str, Any], out_dir: str, log: Callable[[st
     ensure_run_log(os.path.join(root, name, "metrics.jsonl"), n)
     live_dir = os.path.join(root, "live")
     shutil.rmtree(live_dir, ignore_errors=True)
-    writer = _writer(os.path.join(live_dir, "metrics.jsonl"))
+    writer = run_log_writer(os.path.join(live_dir, "metrics.jsonl"))
     writer.write(header("live"))
     tmp = tempfile.mkdtemp(prefix="gradmon-bench-stress-")
     out: dict[str, Any] = {"big_steps": n}
@@ -180,7 +180,7 @@ def _live_server(tag: str, out_dir: str) -> Iterator[tuple[dict[str, Any], Any, 
     """A fresh server on a temporary log root holding one live run; yields the server, the live
     run's writer and a temporary directory; removes everything after."""
     tmp = tempfile.mkdtemp(prefix=f"gradmon-bench-{tag}-")
-    writer = _writer(os.path.join(tmp, "logs", "live", "metrics.jsonl"))
+    writer = run_log_writer(os.path.join(tmp, "logs", "live", "metrics.jsonl"))
     writer.write(header("live"))
     try:
         with serve(os.path.join(tmp, "logs"), os.path.join(out_dir, f"server-stress-{tag}.log")) as srv:
@@ -225,7 +225,7 @@ def _idle_clients(settings: dict[str, Any], out_dir: str, log: Callable[[str], N
     with _live_server("idle", out_dir) as (srv, writer, tmp):
         out["rss_mb_before"] = _rss_mb(srv["pid"])
         ready, stop = os.path.join(tmp, "idle-ready"), os.path.join(tmp, "idle-stop")
-        child = _start_clients(srv["ws"], n, time.time() + 60 + 0.3 * n, ready, stop,
+        child = start_clients(srv["ws"], n, time.time() + 60 + 0.3 * n, ready, stop,
                                os.path.join(tmp, "idle.json"), idle=True)
         try:
             deadline = time.monotonic() + 30 + 0.3 * n

@@ -13,7 +13,7 @@ Detection is duck-typed (``hyper_parallel`` is not a dependency): a placement is
 ``is_shard()`` / ``is_replicate()`` / ``is_partial()`` methods and ``dim`` / ``reduce_op``
 attributes, a mesh through ``mesh_shape``, ``mesh_dim_names`` and ``get_group(dim)`` (a group name,
 or an object with ``group_name``). What gradmon cannot get right is refused with
-:class:`~gradmon.cells.parallel.UnsupportedParallelError`, saying what to do.
+:class:`~gradmon.cells.errors.UnsupportedParallelError`, saying what to do.
 
 Where a gradient is still a partial sum cannot be read from the parameter: HyperParallel's
 ``shard_module`` alone leaves the gradients of replicated parameters as per-rank partial sums (the loss
@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .parallel import UnsupportedParallelError
+from .errors import UnsupportedParallelError
 
 __all__ = ["PARTIAL", "REDUCED", "DTensorLayout", "MeshDim", "ParamNormPlan", "hsdp_params_of", "hsdp_sliced",
            "is_dtensor", "mesh_dims", "placement_kind", "plan_parameter"]

@@ -44,7 +44,8 @@ class StepOptions:
     - ``max_norm``: clip the global norm to this value (``grads * min(1, max_norm / (norm + 1e-6))``).
     - ``skip_nonfinite``: when the norm is NaN/Inf, do not run the optimizer this step.
     - ``spike_mode``: ``"off"``, ``"detect"``, ``"clip"`` or ``"skip"`` (see :class:`SpikeConfig`);
-      ``spike_warmup``, ``spike_alpha``, ``spike_z``: detector settings (defaults in :class:`SpikeConfig`).
+      ``spike_warmup``, ``spike_alpha``, ``spike_z``, ``spike_early_window``, ``spike_early_min_ratio``,
+      ``spike_early_max_ratio``, ``spike_floor``: detector settings (defaults in :class:`SpikeConfig`).
     - ``history_size``: rows of the device history ring (0 disables it and its counters).
     - ``local_norm``: also record each rank's own norm (before the data-parallel reduction, without
       the other ranks' slices of sharded parameters).
@@ -76,6 +77,10 @@ class StepOptions:
     spike_warmup: int = SpikeConfig.warmup  # the detector's defaults live in SpikeConfig
     spike_alpha: float = SpikeConfig.alpha
     spike_z: float = SpikeConfig.z_threshold
+    spike_early_window: int = SpikeConfig.early_window
+    spike_early_min_ratio: float = SpikeConfig.early_min_ratio
+    spike_early_max_ratio: float = SpikeConfig.early_max_ratio
+    spike_floor: float = SpikeConfig.floor
     history_size: int = 1024
     local_norm: bool = False
     layer_stats: bool = False
@@ -121,9 +126,11 @@ class StepOptions:
         if self.shard_group is not None and not (isinstance(self.shard_group, str) and self.shard_group):
             raise TypeError("shard_group must be the name of a communication group (a non-empty str) "
                             f"or None, got {self.shard_group!r}")
-        if _is_int(self.spike_warmup):
-            set_(self, "spike_warmup", int(self.spike_warmup))
-        for name in ("spike_alpha", "spike_z"):
+        for name in ("spike_warmup", "spike_early_window"):
+            if _is_int(getattr(self, name)):
+                set_(self, name, int(getattr(self, name)))
+        for name in ("spike_alpha", "spike_z", "spike_early_min_ratio", "spike_early_max_ratio",
+                     "spike_floor"):
             value = getattr(self, name)
             if not _is_number(value):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
@@ -146,7 +153,9 @@ class StepOptions:
     def spike(self) -> SpikeConfig:
         """The spike-detector settings."""
         return SpikeConfig(mode=self.spike_mode, warmup=self.spike_warmup, alpha=self.spike_alpha,
-                           z_threshold=self.spike_z)
+                           z_threshold=self.spike_z, early_window=self.spike_early_window,
+                           early_min_ratio=self.spike_early_min_ratio,
+                           early_max_ratio=self.spike_early_max_ratio, floor=self.spike_floor)
 
     def as_dict(self) -> dict[str, Any]:
         """Every option by name (for ``gradmon_config()``)."""

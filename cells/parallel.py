@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .dtensor_layout import hsdp_sliced, is_dtensor
+from .errors import UnsupportedParallelError
 from .norm_plan import NORM_STRATEGIES
 
 STAND_ALONE = "stand_alone"
@@ -44,10 +46,6 @@ DTENSOR_FUNCTIONAL = ("use the functional form in the training loop: "
                       "layout=DTensorLayout.from_params(params, replicate_grads=...)) or "
                       "gradmon.cells.global_norm(grads, layout=...), which all-reduce over the mesh groups "
                       "the placements name")
-
-
-class UnsupportedParallelError(ValueError):
-    """The parallel configuration's global norm would be wrong; the message says what is supported."""
 
 
 @dataclass(frozen=True)
@@ -173,8 +171,6 @@ def read_parallel_setup(network, weights: Sequence, shard_group: str | None,
     """Read MindSpore's parallel context, check it (:func:`check_parallel`) and describe it."""
     import mindspore as ms
     from mindspore.communication import GlobalComm
-
-    from .dtensor_layout import hsdp_sliced, is_dtensor  # (imports this module)
 
     mode = str(ms.get_auto_parallel_context("parallel_mode"))
     stages = int(ms.get_auto_parallel_context("pipeline_stages") or 1)

@@ -1,4 +1,6 @@
-"""Spike-defence settings and the on-device ZClip update (see :mod:`gradmon.cells.zclip_reference`).
+"""Spike-defence settings and the on-device detector update (see :mod:`gradmon.cells.zclip_reference`):
+ZClip's EMA z-score, and during its warm-up an early rule on the median and MAD of a small ring
+of log-norms, so the first steps are defended too.
 
 The device update is branch-free: every quantity is computed and ``select`` picks the right one,
 so GRAPH mode compiles it into straight-line kernels without control flow or host reads.
@@ -6,13 +8,28 @@ so GRAPH mode compiles it into straight-line kernels without control flow or hos
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import mindspore as ms
+import numpy as np
 from mindspore import Tensor, ops
+
+from .zclip_reference import (
+    EARLY_FLOOR,
+    EARLY_MAX_RATIO,
+    EARLY_MIN,
+    EARLY_MIN_RATIO,
+    EARLY_WINDOW,
+    EARLY_Z,
+    MAD_SIGMA,
+    TINY_NORM,
+    EarlyRule,
+)
 
 SPIKE_MODES = ("off", "detect", "clip", "skip")
 ZSCORE_EPS = 1e-6
+_BIG = 3.0e38  # an empty ring slot: sorts after every log-norm
 
 
 @dataclass(frozen=True)
@@ -22,18 +39,33 @@ class SpikeConfig:
     ``mode``: ``"off"`` (no detector), ``"detect"`` (flag only), ``"clip"`` (scale the step's
     gradients to the reciprocal ZClip target, combined with a fixed ``max_norm`` as the smaller
     target) or ``"skip"`` (do not apply the step's update).
-    ``warmup``: finite steps that only gather statistics (50; ZClip's paper: 25).
+    ``warmup``: finite steps that gather the EMA's statistics while the early rule judges (100;
+    ZClip's paper: 25, undefended).
     ``alpha``: EMA decay of mean and variance (0.99, a ~100-step memory; ZClip: 0.97).
-    ``z_threshold``: z-score above which a norm is a spike (5.0; ZClip: 2.5).
+    ``z_threshold``: z-score above which a norm is a spike (5.5; ZClip: 2.5).
+    ``early_window``: log-norms in the ring of the early rule, which judges during the warm-up
+    (16; 0: no early rule, the warm-up is undefended as in ZClip). ``early_min``: finite norms
+    before it judges (4: from the 5th step on). A norm is an early spike when its log is above
+    the ring's median by more than ``early_z`` (3.0) robust sigmas (1.4826 x MAD), bounded to
+    ``[log(early_min_ratio), log(early_max_ratio)]`` (4x and 8x the median). ``floor``: a norm
+    at most this fraction of the run's scale (the largest median of the ring so far) is never a
+    spike, in either rule (needs the early ring). 0 (off) by default: measured, the flags it
+    removes at a converged Adam run's noise floor are what kept that run converged.
 
     The defaults are measured (docs/cells.md, "Why these defaults"): ZClip's own flag 3-6 % of the
-    ordinary steps of small-data CPU runs; these flag at most 0.6 % after the warm-up.
+    ordinary steps of small-data CPU runs; these flag at most 0.1 % after step 10.
     """
 
     mode: str = "off"
-    warmup: int = 50
+    warmup: int = 100
     alpha: float = 0.99
-    z_threshold: float = 5.0
+    z_threshold: float = 5.5
+    early_window: int = EARLY_WINDOW
+    early_min: int = EARLY_MIN
+    early_z: float = EARLY_Z
+    early_min_ratio: float = EARLY_MIN_RATIO
+    early_max_ratio: float = EARLY_MAX_RATIO
+    floor: float = EARLY_FLOOR
 
     def __post_init__(self) -> None:
         if self.mode not in SPIKE_MODES:
@@ -45,30 +77,96 @@ class SpikeConfig:
             raise ValueError(f"spike_alpha must be in (0, 1), got {self.alpha!r}")
         if not float(self.z_threshold) > 0.0:
             raise ValueError(f"spike_z must be > 0, got {self.z_threshold!r}")
+        for name, low in (("early_window", 0), ("early_min", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"spike_{name} must be an int >= {low}, got {value!r}")
+        if not 0.0 <= float(self.floor) < 1.0:
+            raise ValueError(f"spike_floor must be in [0, 1), got {self.floor!r}")
+        if not float(self.early_z) >= 0.0:
+            raise ValueError(f"spike_early_z must be >= 0, got {self.early_z!r}")
+        if not 1.0 < float(self.early_min_ratio) <= float(self.early_max_ratio) < math.inf:
+            raise ValueError("spike_early_min_ratio and spike_early_max_ratio must satisfy "
+                             f"1 < min <= max < inf, got {self.early_min_ratio!r}, {self.early_max_ratio!r}")
 
     @property
     def enabled(self) -> bool:
         return self.mode != "off"
 
+    def reference_rule(self) -> EarlyRule:
+        """The early rule's settings for :mod:`gradmon.cells.zclip_reference`."""
+        return EarlyRule(self.early_window, self.early_min, self.early_z, self.early_min_ratio,
+                         self.early_max_ratio, self.floor)
+
+    def early_rule(self) -> tuple:
+        """The early rule's constants for :func:`zclip_update` (``()``: off): ``(window, min,
+        early_z * 1.4826, log(min_ratio), log(max_ratio), floor)``, plain Python numbers (GRAPH
+        constants)."""
+        if not self.early_window:
+            return ()
+        return (self.early_window, self.early_min, self.early_z * MAD_SIGMA, math.log(self.early_min_ratio),
+                math.log(self.early_max_ratio), self.floor)
+
+
+def initial_state(config: SpikeConfig) -> np.ndarray:
+    """The detector's state before the first step: ``[count, mean, var]``, then with the early
+    rule the run's scale and the ring of ``early_window`` log-norms (all zeros; the count says
+    which slots hold values)."""
+    return np.zeros(3 + (1 + config.early_window if config.early_window else 0), np.float32)
+
+
+def _median_of_first(sorted_values: Tensor, n: Tensor, slots: Tensor) -> Tensor:
+    """The median of the ``n`` smallest of ``sorted_values`` (ascending): the mean of the values at
+    ``(n - 1) // 2`` and ``n // 2``, picked by masks (no indexing by a tensor, no branch)."""
+    lo = ops.maximum(ops.floor((n - 1.0) * 0.5), 0.0)
+    hi = ops.floor(n * 0.5)
+    weights = 0.5 * (ops.cast(ops.equal(slots, lo), ms.float32) + ops.cast(ops.equal(slots, hi), ms.float32))
+    return ops.reduce_sum(ops.select(weights > 0.0, sorted_values, ops.zeros_like(sorted_values)) * weights)
+
+
+def _early_rule(norm: Tensor, count: Tensor, ring: Tensor, z_threshold: float, early: tuple) -> tuple:
+    """The early rule on device (see :mod:`gradmon.cells.zclip_reference`):
+    ``(zscore, spike, target, median)`` against the ring's median and MAD; ``early`` is
+    :meth:`SpikeConfig.early_rule`."""
+    window, _, z, lo, hi, _ = early
+    slots = ops.cast(ops.arange(window), ms.float32)
+    n = ops.minimum(count, float(window))
+    filled = slots < n  # the ring fills slot by slot; after `window` norms every slot holds one
+    big = ops.fill(ms.float32, (window,), _BIG)
+    med = _median_of_first(ops.sort(ops.select(filled, ring, big))[0], n, slots)
+    spread = ops.select(filled, ops.abs(ring - med), big)
+    mad = _median_of_first(ops.sort(spread)[0], n, slots)
+    thr = ops.minimum(ops.maximum(z * mad, lo), hi)
+    log_norm = ops.log(ops.maximum(norm, TINY_NORM))
+    dev = log_norm - med
+    spike = dev > thr
+    zscore = z_threshold * dev / thr
+    # On a spike dev > thr > 0; elsewhere the quotient is discarded by select.
+    target = ops.select(spike, ops.exp(med + thr * thr / ops.maximum(dev, thr)), norm)
+    return zscore, spike, target, med
+
 
 def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha: float,
-                 z_threshold: float) -> tuple:
+                 z_threshold: float, early: tuple = ()) -> tuple:
     """One detector step on device.
 
     ``norm`` (float32 scalar) and ``finite`` (bool scalar) describe this step; ``state`` is the
-    float32 vector ``[count, mean, var]`` before it (``count``: finite steps seen; float32 is exact
-    far beyond any warm-up length, and past 2**24 only the comparison with ``warmup`` matters).
-    Returns ``(zscore, spike, target, new_state)``: ``zscore`` is 0 during warm-up and on
-    non-finite steps, ``target`` is the reciprocal clip target on a spike and ``norm`` otherwise.
-    Non-finite steps leave the state unchanged.
+    float32 vector ``[count, mean, var, scale, ring...]`` before it (:func:`initial_state`; ``count``:
+    finite steps seen; float32 is exact far beyond any warm-up length, and past 2**24 only the
+    comparisons with ``warmup`` and the ring's length matter). ``early`` is
+    :meth:`SpikeConfig.early_rule` (empty: no early rule, and ``state`` is ``[count, mean, var]``).
+    Returns ``(zscore, spike, target, new_state)``: ``target`` is the clip target on a spike and
+    ``norm`` otherwise. Non-finite steps leave the state unchanged.
 
-    Warm-up and EMA share one recursion, ``mean += w * (g - mean)`` and
-    ``var += w * (e * d - var)`` with ``e = g - mean_new``: during warm-up ``w = 1 / n`` and
-    ``d = g - mean_old`` (Welford's population mean and variance, so ``var`` is already the
-    warm-up variance when the EMA takes over); afterwards ``w = 1 - alpha`` and ``d = e`` (ZClip's
-    EMA). About 30 scalar kernels, no branches.
+    During the EMA's warm-up the early rule judges (from its ``min_history``-th norm on): the
+    ring's median and MAD of log-norms. Warm-up and EMA share one recursion,
+    ``mean += w * (g - mean)`` and ``var += w * (e * d - var)`` with ``e = g - mean_new``: during
+    warm-up ``w = 1 / n`` and ``d = g - mean_old`` (Welford's population mean and variance, so
+    ``var`` is already the warm-up variance when the EMA takes over); afterwards ``w = 1 - alpha``
+    and ``d = e`` (ZClip's EMA). ``g`` is the effective norm. Straight-line kernels, no branches:
+    everything is computed and ``select`` picks.
     """
-    count, mean, var = state[0], state[1], state[2]
+    count, mean, var, scale, ring = state[0], state[1], state[2], state[3:4], state[4:]
     in_warmup = count < warmup
     active = ops.logical_and(finite, count >= warmup)
     std = ops.sqrt(var)
@@ -77,10 +175,30 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     zscore = ops.select(active, z_raw, ops.zeros_like(norm))
     # On a spike z_raw > z_threshold > 0; elsewhere the quotient is discarded by select.
     target = ops.select(spike, mean + (z_threshold * z_threshold) * std / z_raw, norm)
+    if early:
+        early_z, early_spike, early_target, med = _early_rule(norm, count, ring, z_threshold, early)
+        has_ring = count >= early[1]
+        scale = ops.select(has_ring, ops.maximum(scale, ops.exp(med)), scale)  # (shape (1,))
+        above_floor = ops.logical_not(has_ring) | (norm > early[5] * scale[0])
+        spike = ops.logical_and(spike, above_floor)
+        judged = ops.logical_and(ops.logical_and(finite, in_warmup), has_ring)
+        early_spike = ops.logical_and(ops.logical_and(judged, early_spike), above_floor)
+        zscore = ops.select(judged, early_z, zscore)
+        target = ops.select(early_spike, early_target, target)
+        spike = ops.logical_or(spike, early_spike)
     weight = ops.select(in_warmup, 1.0 / (count + 1.0), ops.fill(ms.float32, (), 1.0 - alpha))
     delta = target - mean
     new_mean = mean + weight * delta
     err = target - new_mean
     new_var = var + weight * (err * ops.select(in_warmup, delta, err) - var)
-    new_state = ops.select(ops.broadcast_to(finite, (3,)), ops.stack((count + 1.0, new_mean, new_var)), state)
+    stats = ops.stack((count + 1.0, new_mean, new_var))
+    if early:
+        window = early[0]
+        slot = count - ops.floor(count / window) * window  # count mod window: the oldest slot
+        here = ops.equal(ops.cast(ops.arange(window), ms.float32), slot)
+        logged = ops.broadcast_to(ops.log(ops.maximum(target, TINY_NORM)), (window,))
+        new_ring = ops.select(here, logged, ring)
+        stats = ops.concat((stats, scale, new_ring))
+    size = 3 + (1 + early[0] if early else 0)
+    new_state = ops.select(ops.broadcast_to(finite, (size,)), stats, state)
     return zscore, spike, target, new_state

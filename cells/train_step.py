@@ -35,7 +35,7 @@ from .norm_strategies import GlobalNorm
 from .options import StepOptions, check_stock_arguments
 from .parallel import read_parallel_setup
 from .snapshot import SnapshotMixin
-from .spike import zclip_update
+from .spike import initial_state, zclip_update
 
 _add_into = ops.MultitypeFuncGraph("gradmon_add_into")
 _clear = ops.MultitypeFuncGraph("gradmon_clear")
@@ -147,6 +147,7 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         self.spike_warmup = spike.warmup
         self.spike_alpha = spike.alpha
         self.spike_z = spike.z_threshold
+        self.spike_early = spike.early_rule()
         self.clips = self.has_max_norm or self.spike_clip
         self.may_skip = self.skip_nonfinite or self.spike_skip
         # The update runs exactly on finite steps (no loss-scale update cell, no spike skip).
@@ -182,8 +183,8 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
                                                     per_tensor=False, scaled=self.unscales, local=True)
 
         if self.spike_on:
-            # [finite steps seen, mean, variance] of the detector, one vector: one read, one write.
-            self.spike_state = Parameter(Tensor(np.zeros(3, np.float32)), name="gradmon_spike_state",
+            # [finite steps seen, mean, variance, scale, early ring] of the detector: one read, one write.
+            self.spike_state = Parameter(Tensor(initial_state(spike)), name="gradmon_spike_state",
                                          requires_grad=False)
         if layer_stats:
             self.layer_sq = Parameter(Tensor(np.zeros(len(self.weight_names), np.float32)),
@@ -330,7 +331,7 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         """``(zscore, spike, target)`` of the detector, its state advanced (off: ``(0, False, norm)``)."""
         if self.spike_on:
             zscore, spike, target, state = zclip_update(norm, finite, self.spike_state, self.spike_warmup,
-                                                        self.spike_alpha, self.spike_z)
+                                                        self.spike_alpha, self.spike_z, self.spike_early)
             ops.assign(self.spike_state, state)
             return zscore, spike, target
         return self._zero, self._false, norm

@@ -6,7 +6,8 @@
 An MLP (~60k parameters) learns scikit-learn's bundled digits with SGD + momentum (lr 0.1,
 momentum 0.9, batch 32). Two faults are injected, identically in every faulty variant:
 
-- step ``--spike-step`` (default 60, after the detector's 50-step warm-up): the batch's inputs are
+- step ``--spike-step`` (default 60, inside the detector's 100-step EMA warm-up, where its early
+  rule judges): the batch's inputs are
   multiplied by ``--spike-scale`` (default 1000) — a corrupted shard, a unit mix-up;
 - step ``--nan-step`` (default 120): one input value of the batch is NaN.
 
@@ -27,11 +28,12 @@ on, and every monitor's ``abort_after=10`` (ten consecutive non-finite or skippe
 when the log is read, every ``--log-interval`` steps) stops the undefended run with status
 ``aborted``. (Hit earlier in training, e.g. ``--spike-step 40``, the same fault instead kills
 every ReLU: the loss settles at ln 10, the accuracy at chance, and both stay there — outcome
-``collapsed`` in the table.) With either defence the scaled step is flagged at z in the
-thousands and clipped or dropped, the NaN step is skipped, and the held-out accuracy ends within
-a point or so of the clean run's. The detector flags nothing else: with its defaults (50-step
-warm-up, alpha 0.99, z 5; docs/cells.md) the ordinary steps of early training, where the norm
-still climbs fast, stay unflagged. (The fault must come after the 50-step warm-up to be defended.)
+``collapsed`` in the table.) With either defence the scaled step is flagged (by the early rule:
+~1000x the median of the last 16 norms, where 4-8x is the threshold) and clipped or dropped, the
+NaN step is skipped, and the held-out accuracy ends within a point or so of the clean run's. The
+detector flags nothing else: with its defaults (docs/cells.md) the ordinary steps of early
+training, where the norm still climbs fast, stay unflagged. Since issue 22 a fault from the 5th
+step on is judged; before, it had to come after a 50-step warm-up.
 
 Everything is seeded; the numbers repeat from run to run on the same machine.
 """

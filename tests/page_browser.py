@@ -8,8 +8,10 @@ built page is missing, and fails when the build is older than dashboard/src.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -38,12 +40,18 @@ start_server = pytest.importorskip("gradmon.server.app").start_server
 
 
 def stale_build() -> list[str]:
-    """Sources of the page that differ from their copy in gradmon/static (edited, not rebuilt):
-    index.html at the top, the assets in static/ (where index.html's relative URLs find them)."""
-    src = ROOT / "dashboard" / "src"
-    files = [*src.glob("*.html"), *src.glob("*.css"), *src.glob("*/*.js")]
-    out = {f.name: STATIC / ("" if f.suffix == ".html" else "static") / f.name for f in files}
-    return [f.name for f in files if not out[f.name].exists() or out[f.name].read_bytes() != f.read_bytes()]
+    """Why gradmon/static is not the build of dashboard/'s sources (edited, not rebuilt): the
+    digest dashboard/build.mjs writes into index.html differs from the sources' (empty: up to date)."""
+    dash = ROOT / "dashboard"
+    files = [dash / "build.mjs", *(dash / "src").glob("*.html"), *(dash / "src").glob("*.css"),
+             *(dash / "src").glob("*/*.js")]
+    digest = hashlib.sha256()
+    for rel in sorted(f.relative_to(dash).as_posix() for f in files):
+        digest.update(rel.encode() + b"\0" + (dash / rel).read_bytes() + b"\0")
+    index = STATIC / "index.html"
+    built = re.search(r'<meta name="gradmon-sources" content="([0-9a-f]+)">',
+                      index.read_text(encoding="utf-8") if index.exists() else "")
+    return [] if built and built.group(1) == digest.hexdigest() else ["index.html", "build.mjs", "src/"]
 
 
 # ---------------------------------------------------------------------------- run logs

@@ -301,3 +301,49 @@ def test_baseline_matches_brute_force(values, window):
         assert base.median() == pytest.approx(statistics.median(x for x, _ in recent))
         unflagged = [x for x, f in recent if not f]
         assert base.envelope() == pytest.approx(max(unflagged) if unflagged else base.median())
+
+
+# ------------------------------------------------------------------- the run's own scale (issue 22)
+
+
+def _converged_run(seed: int = 0, n: int = 6000) -> tuple[list[float], list[float]]:
+    """Norm and loss of a run that trains to its noise floor, like issue 22's 20,000-step MLP: the
+    norm falls from ~2 to ~1e-6 and the loss from ~2 to ~1e-7; at the floor, float noise moves
+    both by 10-100x every few hundred steps (the excursions main's rule paged for)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    level = np.maximum(np.exp(-t / 150.0), 5e-7)
+    norms = 2.0 * level * rng.lognormal(0.0, 0.4, n)
+    losses = 2.0 * np.maximum(np.exp(-t / 120.0), 5e-8) * rng.lognormal(0.0, 0.3, n)
+    for at in range(3000, n, 250):  # noise-floor excursions, norm and loss together
+        norms[at] *= rng.uniform(30, 100)
+        losses[at] *= rng.uniform(3, 10)
+    return list(norms), list(losses)
+
+
+def test_converged_run_noise_floor_raises_no_alarm():
+    norms, losses = _converged_run()
+    records = steps(norms, losses)
+    assert alarms(run(records)) == []
+    # the excursions are what the rule without the run's scale alarms on (the point of the floors)
+    old = alarms(run(records, AlarmConfig(norm_floor=0.0, loss_floor=0.0)))
+    assert len(old) >= 5 and {a["reason"] for a in old} <= {"grad_norm_spike", "loss_spike"}
+
+
+def test_a_real_fault_in_a_converged_run_still_alarms_once():
+    norms, losses = _converged_run()
+    norms[4100], losses[4100] = 5.0, 3.0  # a x1e6 norm and a loss back to where the run began
+    events = run(steps(norms, losses))
+    assert [a["step"] for a in alarms(events)] == [4101]
+    assert alarms(events)[0]["reason"] == "grad_norm_spike"
+
+
+def test_run_scale_is_the_largest_sampled_median_and_resets_with_a_segment():
+    config = AlarmConfig(window=10, min_history=4)
+    rule = AlarmRule(config)
+    for r in steps([8.0, 8.0, 8.0, 8.0] + [1.0] * 30, [4.0] * 34):
+        rule.update(r)
+    # sampled after the 4th norm (median 8) and after every 10th; the later medians are smaller
+    assert rule.norm_scale == 8.0 and rule.loss_scale == 4.0
+    rule.update({"type": "header", "schema": 1})
+    assert rule.norm_scale == 0.0 and rule.loss_scale == 0.0

@@ -39,6 +39,8 @@ def _random_run(rng: random.Random, n: int) -> list[dict]:
     norm0, loss0 = rng.choice([1.0, 0.01, 100.0]), rng.choice([2.0, -3.0, 0.0])
     scale = rng.choice([None, 65536.0, 1024.0])
     sparse_norm, rising = rng.random() < 0.2, rng.random() < 0.3
+    # converging: the norm falls 1e5x over the run, so the run's scale (norm_floor) judges its spikes
+    converging = not rising and rng.random() < 0.4
     for i in range(n):
         r = rng.random()
         if r < 0.02:
@@ -52,6 +54,8 @@ def _random_run(rng: random.Random, n: int) -> list[dict]:
         step += rng.choice([1, 1, 1, 2, 5])
         rec: dict[str, Any] = {"type": "step", "step": step, "ts": 1000.0 + i}
         norm = norm0 * (1 + 0.3 * rng.gauss(0, 1)) ** 2 * ((1 + i / 50) if rising else 1)
+        if converging:
+            norm *= 1e-5 ** (i / n)
         loss = loss0 + 0.1 * rng.gauss(0, 1)
         q = rng.random()
         if q < 0.03:
@@ -107,10 +111,12 @@ CONFIGS = [AlarmConfig(), AlarmConfig(window=10, min_history=3, quiet_steps=5, o
            AlarmConfig(window=2, min_history=1, quiet_steps=1),
            AlarmConfig(window=37, min_history=37, norm_ratio=2, norm_over_max=1.2, loss_over_max=1.0,
                        loss_ratio=0.1, quiet_steps=3),
-           AlarmConfig(window=20, min_history=5, loss_over_max=0.5)]  # (no bulk: one by one)
+           AlarmConfig(window=20, min_history=5, loss_over_max=0.5),  # (no bulk: one by one)
+           AlarmConfig(window=50, min_history=7, norm_floor=0.01, quiet_steps=4),
+           AlarmConfig(norm_floor=0.0)]  # the rule without the run's scale
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(49))
 def test_batch_rule_gives_the_events_of_the_rule_record_by_record(seed: int) -> None:
     rng = random.Random(seed)
     config = CONFIGS[seed % len(CONFIGS)]

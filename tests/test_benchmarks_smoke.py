@@ -231,6 +231,11 @@ def test_alarm_benchmark_smoke_writes_its_tables(tmp_path):
     md = md_path.read_text()
     assert md.startswith("# Alarm benchmark") and "**new alarm rule**" in md and "SMOKE RUN" in md
     assert render_alarms(doc) == md  # the same tables from the JSON file ("Infinity" as text there)
+    # issue 22's figures from the same document: the clean run's flag rate after step 10, the NaN fault
+    clean = doc["settings"][0]["clean"]["0"]
+    assert clean["detector_after_10_per_100"] >= 0.0
+    nan = next(f for f in doc["settings"][0]["faults"] if f["fault"] == "nan_batch")
+    assert nan["detector_caught"] is True  # a non-finite fault counts as handled (skip_nonfinite)
 
 
 def test_index_alarms_smoke_measures_the_rule_against_the_plain_ingest(tmp_path):
@@ -240,3 +245,33 @@ def test_index_alarms_smoke_measures_the_rule_against_the_plain_ingest(tmp_path)
     result = json.loads((tmp_path / "index_alarms.json").read_text())
     assert result["records"] == 20_004 and result["derived_events"] == 4  # 2 spikes: alarm + alarm_end each
     assert result["plain_s"] > 0 and result["rule_s"] > 0 and math.isfinite(result["ratio"])
+
+
+def test_alarm_targets_table_counts_what_issue_22_asks():
+    from benchmarks.alarms_targets import render_targets, summary
+
+    def fault(start, magnitude, caught, alarmed):
+        return {"fault": "x10", "start": start, "magnitude": magnitude, "must": magnitude >= 10,
+                "detector_caught": caught, "scores": {"alarms": {"detected": alarmed}}}
+
+    setting = {"setting": "s", "clean": {"0": {"detector_after_10_per_100": 0.3, "flags": {"alarms": [5]}},
+                                         "1": {"detector_after_10_per_100": 0.1, "flags": {"alarms": []}}},
+               "faults": [fault(10, 22.0, True, False), fault(37, 12.0, False, True),
+                          fault(600, 3.0, False, False), fault(600, float("inf"), True, True)]}
+    got = summary([setting], {"alarms": [{}, {}], "detector_after_10_per_100": 0.4})
+    assert got["big_caught"] == (1, 2) and got["early_caught"] == (1, 2) and got["missed"] == ["s/x10@37"]
+    assert got["flags_per_100_max"] == 0.3 and got["clean_alarms"] == [1, 0] and got["converged_alarms"] == 2
+    assert got["must_alarmed"] == (2, 3)
+    text = render_targets(got, got)
+    assert "| alarms on the 20k-step converged run | 0 | 2 | 2 |" in text
+
+
+def test_bigruns_smoke_measures_a_cold_and_a_warm_start(tmp_path):
+    from benchmarks.bigruns import run
+
+    out = run(5_000, None, rounds=1, fetches=2, out_dir=str(tmp_path), log=lambda m: None)
+    cold, warm = out["starts"]
+    assert cold["cold"] and not warm["cold"]
+    for s in (cold, warm):
+        assert s["cursor_is_the_file"] and s["zoom_points"] == 50 and s["zoom_exact"] is True
+        assert math.isfinite(s["zoom_p99_ms"]) and s["rss_mb"] > 0 and s["sidecar_mb"] > 0

@@ -10,8 +10,8 @@ import pytest
 from gradmon.cells import HistorySnapshot, SpikeConfig
 from gradmon.cells.history import BASE_FIELDS, history_fields, unroll_ring
 from gradmon.cells.layer_stats import layer_rows
-from gradmon.cells.spike import zclip_update
-from gradmon.cells.zclip_reference import ZClipState, zclip_run, zclip_step
+from gradmon.cells.spike import initial_state, zclip_update
+from gradmon.cells.zclip_reference import NO_EARLY_RULE, ZClipState, zclip_run, zclip_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mindspore import Tensor
@@ -21,8 +21,12 @@ from mindspore import Tensor
 
 def test_reference_warmup_then_flags_a_large_outlier():
     norms = [1.0 + 0.01 * (i % 5) for i in range(25)] + [1.02, 1000.0, 1.01]
-    steps, state = zclip_run(norms, warmup=25, alpha=0.97, z_threshold=2.5)
+    steps, state = zclip_run(norms, warmup=25, alpha=0.97, z_threshold=2.5, early=NO_EARLY_RULE)
     assert not any(s.spike for s in steps[:26]) and all(s.zscore == 0.0 for s in steps[:25])
+    # with the early rule (the default) the warm-up reports a z-score too, below the threshold here
+    early, _ = zclip_run(norms, warmup=25, alpha=0.97, z_threshold=2.5)
+    assert not any(s.spike for s in early[:26]) and [s.zscore for s in early[:4]] == [0.0] * 4
+    assert all(s.zscore < 2.5 for s in early[:25]) and early[26].spike
     spike = steps[26]
     assert spike.spike and spike.zscore > 1000
     # reciprocal target: mean + (z_thr^2 / z) * std, far below the raw norm and above the mean
@@ -42,7 +46,7 @@ def test_default_settings_do_not_flag_a_norm_that_is_still_rising():
     # Why the defaults changed (docs/cells.md): ZClip's 25/0.97/2.5 flag the ordinary steps of an
     # early rise (the lagging EMA keeps them a few "sigmas" above it); the defaults flag none.
     norms = _rising_then_flat()
-    old, _ = zclip_run(norms, warmup=25, alpha=0.97, z_threshold=2.5)
+    old, _ = zclip_run(norms, warmup=25, alpha=0.97, z_threshold=2.5, early=NO_EARLY_RULE)
     assert sum(s.spike for s in old) >= 10
     d = SpikeConfig()
     new, _ = zclip_run(norms, warmup=d.warmup, alpha=d.alpha, z_threshold=d.z_threshold)
@@ -50,6 +54,66 @@ def test_default_settings_do_not_flag_a_norm_that_is_still_rising():
     norms[120] *= 30  # a real outlier after the warm-up is still flagged
     new, _ = zclip_run(norms, warmup=d.warmup, alpha=d.alpha, z_threshold=d.z_threshold)
     assert [i for i, s in enumerate(new) if s.spike] == [120]
+
+
+def test_early_rule_flags_a_10x_outlier_from_the_fifth_step():
+    # Issue 22: the first 50 steps were undefended. Four noisy norms are enough to judge the fifth.
+    d = SpikeConfig()
+    rng = np.random.default_rng(0)
+    base = list(rng.lognormal(0.0, 0.3, 4))
+    for factor, flagged in ((10.0, True), (3.0, False)):
+        steps, state = zclip_run([*base, factor * float(np.median(base))], warmup=d.warmup, alpha=d.alpha,
+                                 z_threshold=d.z_threshold)
+        assert [s.spike for s in steps] == [False] * 4 + [flagged]
+        assert steps[4].zscore > d.z_threshold if flagged else steps[4].zscore < d.z_threshold
+    spike = steps[4] if steps[4].spike else zclip_run([*base, 1000.0], warmup=d.warmup, alpha=d.alpha,
+                                                      z_threshold=d.z_threshold)[0][4]
+    # the target: between the median and the threshold ratio of it, near the median for a x1000 norm
+    median = float(np.median(base))
+    assert median < spike.target < d.early_max_ratio * median
+    assert len(state.ring) == 5 and state.count == 5
+
+
+def test_early_rule_threshold_is_bounded_by_the_ratios():
+    d = SpikeConfig()
+    calm = [1.0, 1.0, 1.0, 1.0]  # MAD 0: the threshold is early_min_ratio, not 0
+    steps, _ = zclip_run([*calm, 0.99 * d.early_min_ratio, 1.01 * d.early_min_ratio], warmup=d.warmup,
+                         alpha=d.alpha, z_threshold=d.z_threshold)
+    assert [s.spike for s in steps[4:]] == [False, True]
+    wild = [1.0, 30.0, 0.03, 1.0, 900.0, 0.001]  # MAD huge: the threshold is capped at early_max_ratio
+    steps, _ = zclip_run([*wild, 1.1 * d.early_max_ratio], warmup=d.warmup, alpha=d.alpha,
+                         z_threshold=d.z_threshold)
+    assert steps[-1].spike
+
+
+def _adam_like_start(seed: int) -> list[float]:
+    """The first 60 norms of a fresh net under Adam: falling fast, with batch noise."""
+    rng = np.random.default_rng(seed)
+    return list(2.0 * np.exp(-np.arange(60) / 12.0) * rng.lognormal(0, 0.35, 60) + 0.05)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_early_rule_is_quiet_on_a_noisy_falling_start(seed):
+    d = SpikeConfig()
+    steps, _ = zclip_run(_adam_like_start(seed), warmup=d.warmup, alpha=d.alpha, z_threshold=d.z_threshold)
+    assert not any(s.spike for s in steps)
+
+
+def test_spike_floor_opt_in_spares_norms_far_below_the_run_scale():
+    # A converged run (issue 22): the norm fell from ~2 to 1e-6; float noise moves it 50x.
+    norms = [2.0, 2.1, 1.9, 2.0, 2.2] + [1e-6 * (1 + 0.1 * (i % 3)) for i in range(40)] + [5e-5]
+    d = SpikeConfig()
+    # by default (floor 0) the excursion is a spike: under Adam it would move every weight by ~lr
+    steps, state = zclip_run(norms, warmup=d.warmup, alpha=d.alpha, z_threshold=d.z_threshold)
+    assert d.floor == 0.0 and steps[-1].spike
+    assert state.scale == pytest.approx(2.0, rel=0.1)
+    floored = SpikeConfig(floor=0.01)
+    steps, _ = zclip_run(norms, warmup=d.warmup, alpha=d.alpha, z_threshold=d.z_threshold,
+                         early=floored.reference_rule())
+    assert not steps[-1].spike and steps[-1].zscore > d.z_threshold  # an outlier, under the floor
+    steps, _ = zclip_run([*norms[:-1], 0.5], warmup=d.warmup, alpha=d.alpha, z_threshold=d.z_threshold,
+                         early=floored.reference_rule())
+    assert steps[-1].spike  # a norm back near the run's scale still is one
 
 
 def test_reference_ignores_non_finite():
@@ -62,7 +126,9 @@ def test_reference_ignores_non_finite():
 def test_spike_config_validation():
     assert not SpikeConfig().enabled and SpikeConfig(mode="skip").enabled
     for bad in ({"mode": "loud"}, {"warmup": 1}, {"warmup": 2.5}, {"alpha": 1.0}, {"alpha": 0.0},
-                {"z_threshold": 0.0}):
+                {"z_threshold": 0.0}, {"early_window": -1}, {"early_min": 0}, {"early_min_ratio": 1.0},
+                {"early_min_ratio": 9.0, "early_max_ratio": 8.0}, {"early_max_ratio": math.inf},
+                {"floor": 1.0}, {"floor": -0.1}):
         with pytest.raises(ValueError):
             SpikeConfig(**bad)
 
@@ -70,16 +136,18 @@ def test_spike_config_validation():
 # -------------------------------------------------------------- device update vs the reference
 
 
-def _device_run(norms, warmup, alpha, z_thr):
-    state = Tensor(np.zeros(3, np.float32))
+def _device_run(norms, warmup, alpha, z_thr, config: SpikeConfig | None = None):
+    config = config or SpikeConfig(early_window=0)
+    state = Tensor(initial_state(config))
     out = []
     for v in norms:
         norm = Tensor(np.float32(v))
         finite = Tensor(bool(np.isfinite(v)))
-        z, spike, target, state = zclip_update(norm, finite, state, warmup, alpha, z_thr)
+        z, spike, target, state = zclip_update(norm, finite, state, warmup, alpha, z_thr, config.early_rule())
         out.append((float(z.asnumpy()), bool(spike.asnumpy()), float(target.asnumpy())))
-    count, mean, var = state.asnumpy().tolist()
-    return out, (int(count), mean, var)
+    values = state.asnumpy()
+    count, mean, var = values[:3].tolist()
+    return out, (int(count), mean, var, values[3:4], values[4:])
 
 
 norm_values = st.one_of(
@@ -93,8 +161,9 @@ norm_values = st.one_of(
        warmup=st.integers(2, 5), alpha=st.sampled_from([0.5, 0.9, 0.97]), z_thr=st.sampled_from([1.0, 2.5]))
 def test_device_update_matches_reference(norms, warmup, alpha, z_thr):
     norms = [float(np.float32(v)) for v in norms]
-    ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=alpha, z_threshold=z_thr)
-    dev_steps, (count, mean, var) = _device_run(norms, warmup, alpha, z_thr)
+    ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=alpha, z_threshold=z_thr,
+                                     early=NO_EARLY_RULE)
+    dev_steps, (count, mean, var, _, _) = _device_run(norms, warmup, alpha, z_thr)
     for ref, (z, spike, target), v in zip(ref_steps, dev_steps, norms):
         if not math.isfinite(v):
             assert z == 0.0 and not spike
@@ -116,6 +185,47 @@ def test_device_update_matches_reference(norms, warmup, alpha, z_thr):
             ref_mean = ref_var = 0.0
         np.testing.assert_allclose(mean, ref_mean, rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(var, ref_var, rtol=2e-3, atol=1e-5)
+
+
+early_norms = st.one_of(
+    st.floats(0.0625, 20.0, allow_nan=False, allow_infinity=False, width=32),
+    st.sampled_from([math.nan, math.inf, 0.0, 200.0, 5000.0]),
+)
+
+
+@settings(max_examples=15, deadline=None)
+@given(norms=st.lists(early_norms, min_size=1, max_size=16), warmup=st.integers(2, 30),
+       window=st.sampled_from([1, 4, 5, 16]), ratios=st.sampled_from([(4.0, 8.0), (2.0, 2.0), (1.5, 30.0)]),
+       floor=st.sampled_from([0.0, 0.01, 0.5]))
+def test_device_early_rule_matches_reference(norms, warmup, window, ratios, floor):
+    config = SpikeConfig(early_window=window, early_min_ratio=ratios[0], early_max_ratio=ratios[1],
+                         floor=floor)
+    norms = [float(np.float32(v)) for v in norms]
+    ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=config.alpha, z_threshold=config.z_threshold,
+                                     early=config.reference_rule())
+    dev_steps, (count, _, _, scale, ring) = _device_run(norms, warmup, config.alpha, config.z_threshold,
+                                                        config)
+    agree = True
+    for ref, (z, spike, target) in zip(ref_steps, dev_steps):
+        # float32 log on device and in numpy may differ by an ulp: a verdict at the threshold may differ
+        if abs(ref.zscore - config.z_threshold) > 1e-4 * max(1.0, abs(ref.zscore)):
+            assert spike == ref.spike
+        if spike != ref.spike:
+            agree = False
+            break
+        np.testing.assert_allclose(z, ref.zscore, rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(target, ref.target, rtol=1e-4, atol=1e-6)
+    if agree:
+        assert count == ref_state.count
+        filled = min(count, window)
+        np.testing.assert_allclose(sorted(ring[:filled]), sorted(ref_state.ring), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(scale, [ref_state.scale], rtol=1e-4)  # float32 exp of a log near -69
+
+
+def test_state_shape_follows_the_early_window():
+    assert initial_state(SpikeConfig()).shape == (4 + SpikeConfig().early_window,)
+    off = SpikeConfig(early_window=0)
+    assert initial_state(off).shape == (3,) and off.early_rule() == ()
 
 
 # --------------------------------------------------------------------------------- ring unroll

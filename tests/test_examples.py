@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "demo.py"
 SPIKE_DEMO = ROOT / "examples" / "spike_demo.py"
 
-# The small spike-demo run of these tests: the scaled batch after the detector's 50-step warm-up,
-# the NaN batch later (the undefended run is aborted before it gets there).
+# The small spike-demo run of these tests: the scaled batch inside the detector's 100-step EMA
+# warm-up (its early rule judges it), the NaN batch later (the undefended run is aborted before).
 SPIKE_STEPS, SPIKE_AT, NAN_AT = 100, 60, 80
 
 
@@ -156,7 +156,8 @@ def test_spike_demo_defended_runs_finish_and_flag_the_faults(spike_run: dict[str
     assert records[-1]["steps"] == SPIKE_STEPS
 
     spike = steps[SPIKE_AT]
-    assert spike.get("spike") is True and spike["zscore"] > 100, spike
+    # judged by the early rule (issue 22): its score is spike_z * d / t, 5.5 x ~3 for a x1000 norm
+    assert spike.get("spike") is True and spike["zscore"] > 10, spike
     if variant == "clip":
         assert spike.get("clipped") is True and spike["clip_coef"] < 0.01 and not spike.get("skipped")
     else:

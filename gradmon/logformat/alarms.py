@@ -14,12 +14,18 @@ A step is *flagged* for
   steps have used (the gradients themselves jumped, or went NaN), or at ``min_loss_scale``;
 - ``grad_norm_spike``: its norm is above ``norm_ratio`` times the running median of the last
   ``window`` finite norms *and* above ``norm_over_max`` times the largest unflagged norm among
-  them (the envelope). The envelope keeps a heavy-tailed run quiet — hard batches that come back
+  them (the envelope) *and* above ``norm_floor`` times the run's scale (the largest running
+  median the segment has had, sampled after its ``min_history``-th finite norm and after every
+  ``window``-th). The envelope keeps a heavy-tailed run quiet — hard batches that come back
   every epoch, tens of times the median late in training — and a norm still rising early in
-  training never stands far above its own recent past;
+  training never stands far above its own recent past. The scale keeps a converged run quiet:
+  at the noise floor (loss ~1e-7) float noise moves a norm of 1e-7 by 100x, which is still
+  nothing against the norm the run trained at;
 - ``loss_spike``: its loss is above the running median by more than ``loss_over_max`` times the
-  envelope's height above the median (the largest unflagged recent loss minus the median) and by
-  more than ``loss_ratio`` times the median's magnitude;
+  envelope's height above the median (the largest unflagged recent loss minus the median), by
+  more than ``loss_ratio`` times the median's magnitude, and by more than ``loss_floor`` times
+  the run's loss scale (the largest magnitude of the sampled running medians, as for the norm):
+  a loss of 1e-7 that triples is not an incident in a run that started at 2.3;
 - ``abort``: an ``abort`` event arrives (the abort policy stopped the run).
 
 Spike rules judge a series after ``min_history`` finite values. An *incident* opens at the first
@@ -60,8 +66,10 @@ class AlarmConfig:
     min_history: int = 20
     norm_ratio: float = 8.0
     norm_over_max: float = 2.5
+    norm_floor: float = 0.25
     loss_over_max: float = 5.0
     loss_ratio: float = 1.0
+    loss_floor: float = 0.01
     quiet_steps: int = 50
     overflow_proven_steps: int = 50
     min_loss_scale: float = 1.0
@@ -74,7 +82,8 @@ class AlarmConfig:
         if self.min_history > self.window:
             raise ValueError(f"AlarmConfig.min_history ({self.min_history}) must not exceed "
                              f"window ({self.window})")
-        for name in ("norm_ratio", "norm_over_max", "loss_over_max", "loss_ratio", "min_loss_scale"):
+        for name in ("norm_ratio", "norm_over_max", "norm_floor", "loss_over_max", "loss_ratio",
+                     "loss_floor", "min_loss_scale"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:
@@ -105,6 +114,11 @@ class RunningBaseline:
 
     def __len__(self) -> int:
         return len(self._recent)
+
+    @property
+    def seen(self) -> int:
+        """Values added since the start (not only those still in the window)."""
+        return self._count
 
     def median(self) -> float:
         s, n = self._sorted, len(self._sorted)
@@ -196,6 +210,8 @@ class AlarmRule:
         self.losses = RunningBaseline(self.config.window)
         self._last_step: int | None = None
         self._incident: dict[str, Any] | None = None
+        self.norm_scale = 0.0  # the largest sampled running median of the norms (is_scale_sample)
+        self.loss_scale = 0.0  # the largest magnitude of the sampled running medians of the loss
         self._scale_run: tuple[float, int] | None = None  # (loss scale, consecutive finite steps at it)
         self._proven_scale: float | None = None
 
@@ -266,7 +282,9 @@ class AlarmRule:
         if norm is None or not math.isfinite(norm) or len(self.norms) < self.config.min_history:
             return None
         median, top = self.norms.median(), self.norms.envelope()
-        if median > 0 and norm > self.config.norm_ratio * median and norm > self.config.norm_over_max * top:
+        config = self.config
+        if median > 0 and norm > config.norm_ratio * median and norm > config.norm_over_max * top \
+                and norm > config.norm_floor * self.norm_scale:
             return Verdict("grad_norm_spike",
                            f"gradient norm {_fmt(norm)} is {norm / median:.0f}x its running median "
                            f"{_fmt(median)} and {norm / top:.1f}x the largest recent norm {_fmt(top)}",
@@ -281,7 +299,8 @@ class AlarmRule:
         height = self.losses.envelope() - median
         jump = loss - median
         config = self.config
-        if jump > 0 and jump > config.loss_over_max * height and jump > config.loss_ratio * abs(median):
+        if jump > 0 and jump > config.loss_over_max * height and jump > config.loss_ratio * abs(median) \
+                and jump > config.loss_floor * self.loss_scale:
             text = f"loss {_fmt(loss)} is {_fmt(jump)} above its running median {_fmt(median)}"
             if height > 0:
                 text += f", {jump / height:.1f}x the largest recent rise"
@@ -293,6 +312,8 @@ class AlarmRule:
         loss, norm = _number(record.get("loss")), _number(record.get("grad_norm"))
         if norm is not None and math.isfinite(norm):
             self.norms.add(norm, flagged)
+            if self.is_scale_sample(self.norms.seen):
+                self.norm_scale = max(self.norm_scale, self.norms.median())
             scale = _number(record.get("loss_scale"))
             if scale is not None:
                 same = self._scale_run is not None and self._scale_run[0] == scale
@@ -302,6 +323,12 @@ class AlarmRule:
                     self._proven_scale = scale
         if loss is not None and math.isfinite(loss):
             self.losses.add(loss, flagged)
+            if self.is_scale_sample(self.losses.seen):
+                self.loss_scale = max(self.loss_scale, abs(self.losses.median()))
+
+    def is_scale_sample(self, seen: int) -> bool:
+        """Whether the run's scales take the running median after a series' ``seen``-th finite value."""
+        return seen == self.config.min_history or seen % self.config.window == 0
 
     # ---------------------------------------------------------------------------- incidents
     def _close_if_quiet(self, step: int) -> list[dict[str, Any]]:

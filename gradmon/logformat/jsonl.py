@@ -14,6 +14,7 @@ the record (:func:`decode_record` says so) instead of copying the line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Mapping
@@ -46,6 +47,9 @@ def _nonfinite_name(x: float) -> str:
     return "Infinity" if x > 0 else "-Infinity"
 
 
+_PLAIN_NUMBERS = frozenset({int, float})
+
+
 def to_jsonable(value: Any) -> Any:
     """Return ``value`` as plain JSON data: non-finite floats as strings, numpy scalars and arrays
     as Python numbers and lists, tuples as lists, other objects as their ``str``."""
@@ -57,6 +61,11 @@ def to_jsonable(value: Any) -> Any:
         return value if math.isfinite(value) else _nonfinite_name(value)
     if isinstance(value, Mapping):
         return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and set(map(type, value)) <= _PLAIN_NUMBERS:
+        # The common list (a history series): numbers only; when their sum is finite so is each one.
+        with contextlib.suppress(OverflowError):  # (an integer too big for a float)
+            if math.isfinite(sum(value)):
+                return list(value)
     if isinstance(value, (list, tuple, set, frozenset)):
         return [to_jsonable(v) for v in value]
     # numpy (and MindSpore, via asnumpy) values without importing numpy here.

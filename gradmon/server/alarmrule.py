@@ -63,6 +63,11 @@ class WindowBaseline:
     def __len__(self) -> int:
         return len(self._recent)
 
+    @property
+    def seen(self) -> int:
+        """Values added since the start (not only those still in the window)."""
+        return self._count
+
     def add(self, value: float, flagged: bool = False) -> None:
         """Take a finite ``value``; a ``flagged`` one counts for the median but not the envelope."""
         if flagged:
@@ -241,14 +246,34 @@ class BatchAlarmRule(AlarmRule):
             if k is not None:
                 out.append((k, self._end_event()))
         if norm[1]:
-            self.norm_window.extend(_before(norm, hi - lo))
+            self._extend_sampled(self.norm_window, _before(norm, hi - lo), loss=False)
             if scales is not None:
                 positions = norm[0]
                 self._learn_scales(scales[lo:hi] if positions is None else
                                    [scales[lo + p] for p in positions if p < hi - lo])
         if loss[1]:
-            self.loss_window.extend(_before(loss, hi - lo))
+            self._extend_sampled(self.loss_window, _before(loss, hi - lo), loss=True)
         self._last_step = steps[hi - 1]
+
+    def _extend_sampled(self, window: WindowBaseline, values: list[float], loss: bool) -> None:
+        """Append unflagged values of one series in bulk, stopping at each count where the
+        parent's ``_learn`` samples the running median for the run's scale (``is_scale_sample``:
+        the ``min_history``-th value and every ``window``-th)."""
+        config = self.config
+        seen = window.seen
+        end = seen + len(values)
+        first = (seen // config.window + 1) * config.window
+        points = sorted({*range(first, end + 1, config.window),
+                         *([config.min_history] if seen < config.min_history <= end else [])})
+        start = 0
+        for point in points:
+            window.extend(values[start:point - seen])
+            if loss:
+                self.loss_scale = max(self.loss_scale, abs(window.median()))
+            else:
+                self.norm_scale = max(self.norm_scale, window.median())
+            start = point - seen
+        window.extend(values[start:])
 
     def _learn_scales(self, scales: list[Any]) -> None:
         """The loss-scale bookkeeping of the parent's ``_learn``: the scales of records with a norm."""

@@ -68,7 +68,8 @@ class GradmonServer:
                  token: str | None = None, *, poll_interval: float = POLL_INTERVAL_S,
                  discover_interval: float = DISCOVER_INTERVAL_S, static_dir: Path | None = None,
                  client_queue_bytes: int = CLIENT_QUEUE_BYTES, poll_max_bytes: int = POLL_MAX_BYTES,
-                 workers: WorkerPool | None = None, alerts: Any | None = None) -> None:
+                 workers: WorkerPool | None = None, alerts: Any | None = None,
+                 index_sidecars: bool = True) -> None:
         self.root = os.path.realpath(os.fspath(logdir))
         self.host = host
         self.port = port
@@ -78,6 +79,7 @@ class GradmonServer:
         self.client_queue_bytes = client_queue_bytes
         self.poll_max_bytes = poll_max_bytes
         self.workers = workers if workers is not None else shared_pool()
+        self.index_sidecars = index_sidecars  # keep each run's index beside its log (sidecar.py)
         self.http = HttpRoutes(self, static_dir)
         self.runs: dict[str, Run] = {}
         self._announced: set[str] = set()  # runs listed to clients (their file has a complete line)
@@ -90,19 +92,26 @@ class GradmonServer:
 
     async def start(self) -> None:
         """Discover runs, read the head of each, and start listening."""
-        self._apply_discovery(await asyncio.to_thread(discover_runs, self.root))
-        for run in list(self.runs.values()):
-            self._poll_run(run, self.poll_max_bytes)
-        self._server = await ws_serve(
-            self.sessions.handler, self.host, self.port, process_request=self.http.process_request,
-            max_size=MAX_WS_MESSAGE, max_queue=16, logger=logging.getLogger("gradmon.server.ws"),
-            compression=None,  # per-connection deflate would double the CPU of each fan-out
-        )
+        # The history worker starts first, not on the first history request (a page's first
+        # chart): its start (~0.1-1 s) overlaps the discovery and the restoring of the runs'
+        # indexes from their sidecars, which may take less.
+        warm = asyncio.create_task(asyncio.to_thread(self.workers.warm))
+        try:
+            self._apply_discovery(await asyncio.to_thread(discover_runs, self.root))
+            for run in list(self.runs.values()):
+                self._poll_run(run, self.poll_max_bytes)
+            self._server = await ws_serve(
+                self.sessions.handler, self.host, self.port, process_request=self.http.process_request,
+                max_size=MAX_WS_MESSAGE, max_queue=16, logger=logging.getLogger("gradmon.server.ws"),
+                compression=None,  # per-connection deflate would double the CPU of each fan-out
+            )
+        except BaseException:
+            await warm  # no task left behind when start fails (warm() never raises)
+            raise
         sock = next(iter(self._server.sockets))
         self.port = sock.getsockname()[1]
-        self._tasks = [asyncio.create_task(self._tail_loop()), asyncio.create_task(self._discover_loop())]
-        # The history worker starts now, not on the first history request (a page's first chart).
-        self._tasks.append(asyncio.create_task(asyncio.to_thread(self.workers.warm)))
+        self._tasks = [asyncio.create_task(self._tail_loop()), asyncio.create_task(self._discover_loop()),
+                       warm]
         if self.alerts is not None:
             self.alerts.start(self.url.split("?", 1)[0])  # the link in messages, without the token
 
@@ -117,6 +126,8 @@ class GradmonServer:
             await self._server.wait_closed()
         if self.alerts is not None:
             await self.alerts.close()
+        for run in self.runs.values():  # what was read since the last checkpoint, for the next start
+            run.close()
 
     @property
     def clients(self) -> set[Client]:
@@ -142,7 +153,9 @@ class GradmonServer:
     def stats(self) -> dict[str, Any]:
         """Per-run index statistics, client counts and the process RSS (for benchmarks)."""
         runs = {name: {**run.index.stats(), "offset": run.offset, "gen": run.gen, "indexing": run.indexing,
-                       "status": run.status} for name, run in self.runs.items()}
+                       "status": run.status, "restored": run.restored,
+                       "sidecar_rows": run.sidecar.rows if run.sidecar is not None else None}
+                for name, run in self.runs.items()}
         return {"runs": runs, "requests": self.http.requests, **self.sessions.stats(),
                 "rss_bytes": _rss_bytes()}
 
@@ -252,12 +265,13 @@ class GradmonServer:
         for name, path in found.items():
             run = self.runs.get(name)
             if run is None or run.path != path:
-                self.runs[name] = Run(name, path)
+                self.runs[name] = Run(name, path, self.index_sidecars)
                 if run is not None:
+                    run.close()
                     changed |= self._forget(name)
         for name in [n for n in self.runs if n not in found]:
             if self.runs[name].missing or not os.path.exists(self.runs[name].path):
-                del self.runs[name]
+                self.runs.pop(name).close()
                 changed |= self._forget(name)
         return changed
 

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import errno
 import os
+import signal
 import sys
 
 __all__ = ["add_parser", "listen_error", "no_runs_note", "run_serve"]
@@ -35,6 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--alert-format", choices=("slack", "feishu", "dingtalk", "json"), default="slack",
                    help='webhook payload: slack {"text": ...} (default; also Mattermost, Rocket.Chat), '
                         "feishu, dingtalk, or json (the text plus every field)")
+    p.add_argument("--no-index-sidecar", action="store_true",
+                   help="index runs in memory only: write no .<log>.gmidx/ index cache beside the logs")
     p.add_argument("--alert-link", metavar="URL", default=None,
                    help="dashboard URL the messages link to (default: this server's URL, without its token)")
     p.set_defaults(func=run_serve)
@@ -78,13 +81,19 @@ def run_serve(args: argparse.Namespace) -> int:
 
     # Each WebSocket client holds a descriptor: raise the soft limit towards the hard one first.
     print(f"gradmon: {raise_open_files_limit().describe()}", flush=True)
+    # A SIGTERM stops the server as Ctrl-C does: closed in order (each run's index checkpointed into
+    # its sidecar, so the next start restores it instead of re-indexing).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        asyncio.run(serve(args.logdir, args.host, args.port, args.token, ready=ready, alerts=alerts))
+        asyncio.run(serve(args.logdir, args.host, args.port, args.token, ready=ready, alerts=alerts,
+                          index_sidecars=not args.no_index_sidecar))
     except KeyboardInterrupt:
         return 0
     except OSError as exc:
         print(f"gradmon serve: {listen_error(exc, args.host, args.port)}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
@@ -130,3 +139,7 @@ def _default_port() -> int:
     from gradmon.server.app import DEFAULT_PORT
 
     return DEFAULT_PORT
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt

@@ -15,13 +15,16 @@ process (``worker.py``) so that live pushes never wait for it.
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from gradmon.server.columns import MISSING, series_from_columns
 from gradmon.server.index import IndexSnapshot
 from gradmon.server.query import HistoryPlan
 from gradmon.server.readback import Series, merge_series, series_from_lines
 from gradmon.server.responses import HttpError, int_param, json_body
+from gradmon.server.sidecar import ColumnsRef, read_rows
 from gradmon.server.steps import Mark
 from gradmon.server.tail import read_lines
 
@@ -74,6 +77,7 @@ class HistoryJob:
     plan: HistoryPlan
     index: IndexSnapshot
     gzip_ok: bool = False
+    columns: ColumnsRef | None = None  # the sidecar's step-record columns, read instead of lines
 
 
 def build_job(run: Any, options: HistoryOptions, gzip_ok: bool = False) -> HistoryJob:
@@ -81,7 +85,8 @@ def build_job(run: Any, options: HistoryOptions, gzip_ok: bool = False) -> Histo
     idx = run.index
     cursor = run.cursor()
     plan = idx.plan_history(options.lo, options.hi, options.points, cursor["offset"])
-    return HistoryJob(run.name, run.path, cursor, options, plan, idx.snapshot(), gzip_ok)
+    columns = run.columns() if hasattr(run, "columns") else None
+    return HistoryJob(run.name, run.path, cursor, options, plan, idx.snapshot(), gzip_ok, columns)
 
 
 def add_marks(series: Series, marks: list[Mark]) -> None:
@@ -98,18 +103,49 @@ def answer_series(job: HistoryJob) -> tuple[Series, bool]:
     the edge buckets read back, or the planned byte range read back (and downsampled); with every
     mark of the range in its series unless exact."""
     plan, opts, end = job.plan, job.options, job.cursor["offset"]
+    cols = job.columns
     if plan.kind == "pyramid":
         series = dict(plan.series)
         for lo_b, hi_b, s_lo, s_hi, keep_out in plan.edges:  # each: first/last/min/max of the steps kept
-            lines = read_lines(job.path, lo_b, min(hi_b, end))
-            merge_series(series, series_from_lines([(lo_b, lines)], s_lo, s_hi, 4, keep_out=keep_out)[0])
+            if cols is not None:
+                got = series_from_columns(*read_rows(cols, lo_b, min(hi_b, end)), s_lo, s_hi, 4,
+                                          keep_out=keep_out)
+            else:
+                got = series_from_lines([(lo_b, read_lines(job.path, lo_b, min(hi_b, end)))], s_lo, s_hi, 4,
+                                        keep_out=keep_out)
+            merge_series(series, got[0])
         exact = False
+    elif cols is not None:
+        rows = _concat([read_rows(cols, lo, min(hi, end)) for lo, hi in plan.ranges if lo < end])
+        series, exact = series_from_columns(*rows, opts.lo, opts.hi, opts.points, plan.replaced)
     else:
         parts = [(lo, read_lines(job.path, lo, min(hi, end))) for lo, hi in plan.ranges if lo < end]
         series, exact = series_from_lines(parts, opts.lo, opts.hi, opts.points, plan.replaced)
     if not exact:
         add_marks(series, job.index.visible_marks(opts.lo, opts.hi))
     return series, exact
+
+
+def _concat(parts: list[tuple[array, array, bytes, dict[str, tuple[int, array]]]],
+            ) -> tuple[array, array, bytes, dict[str, tuple[int, array]]]:
+    """The rows of several byte ranges as one run of rows (``sidecar.read_rows`` of each)."""
+    if len(parts) == 1:
+        return parts[0]
+    steps, offsets, flags = array("q"), array("q"), bytearray()
+    cols: dict[str, tuple[int, array]] = {}
+    for p_steps, p_offsets, p_flags, p_cols in parts:
+        base = len(steps)
+        for name, (first, values) in p_cols.items():
+            have = cols.get(name)
+            if have is None:
+                cols[name] = have = (base + first, array("d"))
+            pad = base + first - (have[0] + len(have[1]))
+            have[1].extend(array("d", [MISSING]) * pad)
+            have[1].extend(values)
+        steps.extend(p_steps)
+        offsets.extend(p_offsets)
+        flags.extend(p_flags)
+    return steps, offsets, bytes(flags), cols
 
 
 def answer(job: HistoryJob) -> tuple[bytes, bool]:

@@ -9,6 +9,8 @@ resolved root; a directory reached twice (a symlink loop) is walked once.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 import time
@@ -16,16 +18,27 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
+from gradmon.server.columns import step_rows
 from gradmon.server.derived import Derived, splice
 from gradmon.server.index import RunIndex
 from gradmon.server.parse import ParsedLines
+from gradmon.server.sidecar import ColumnsRef, Sidecar
 from gradmon.server.tail import FileTailer
 
 __all__ = ["MAX_DEPTH", "STALE_AFTER_S", "Batch", "Run", "discover_runs", "is_inside", "run_status"]
 
+log = logging.getLogger("gradmon.server")
+
 MAX_DEPTH = 8  # directory levels below the root that discovery walks
 MAX_RUNS = 2_000
 STALE_AFTER_S = 120.0  # a run not finished whose file has not grown for this long is "stale"
+# When the index is checkpointed into its sidecar (sidecar.py): once the backlog is read, then
+# every CHECKPOINT_S while the log grows, every CHECKPOINT_BYTES of a long backlog, and when the
+# server stops. Each costs the event loop the pickling of the index (~0.1 s for 2M steps), so they
+# are rare; a server killed in between re-reads what it read since from the log at its next start.
+CHECKPOINT_S = 300.0
+CHECKPOINT_BYTES = 256 << 20
+FLUSH_BYTES = 512 << 10  # the rows of a backlog go to the sidecar in pieces of this size (RSS: +~1 MB)
 _RANK_FILE = re.compile(r"^metrics\.rank(\d{1,6})\.jsonl$")
 
 
@@ -99,10 +112,14 @@ class Batch:
     records: list[dict] = field(default_factory=list)  # the same, decoded (for the webhook alerts)
 
 
+def _raise() -> None:
+    raise OSError("the sidecar's rows could not be written")
+
+
 class Run:
     """One run: its file tailer, its index and its status."""
 
-    def __init__(self, name: str, path: str) -> None:
+    def __init__(self, name: str, path: str, sidecar: bool = True) -> None:
         self.name = name
         self.path = path
         self.tailer = FileTailer(path)
@@ -110,6 +127,69 @@ class Run:
         self.status = "live"
         self.indexing = True  # until the first poll that reaches the end of the file
         self.missing = False
+        self.restored = 0  # bytes of the log whose index came from the sidecar
+        self.sidecar = Sidecar.open(path) if sidecar else None
+        self._checkpoint_time = time.monotonic()
+        if self.sidecar is not None:
+            self._restore()
+
+    def _restore(self) -> None:
+        sc = self.sidecar
+        assert sc is not None
+        got = sc.load(self.path)
+        if got is not None and self.tailer.resume(got[1]):
+            self.index, self.restored = got
+            return
+        self._with_sidecar(sc.reset)
+
+    def _with_sidecar(self, fn: Any, *args: Any) -> None:
+        """Call a sidecar method; when it fails (a full disk, a directory gone read-only), go on
+        without the sidecar: it is a cache."""
+        sc = self.sidecar
+        if sc is None:
+            return
+        try:
+            fn(*args)
+        except OSError as exc:
+            log.warning("index sidecar of %s dropped (%s): indexing from memory", self.path, exc)
+            self.sidecar = None
+            with contextlib.suppress(OSError):
+                sc.reset()
+            sc.close()
+
+    def columns(self) -> ColumnsRef | None:
+        """Where history reads this run's step records as columns (``None``: from the log)."""
+        sc = self.sidecar
+        if sc is None:
+            return None
+        try:
+            return sc.ref()
+        except OSError:
+            self._with_sidecar(_raise)  # drop it (and say why): this answer reads the log
+            return None
+
+    def checkpoint(self, force: bool = False) -> None:
+        """Checkpoint the index into the sidecar when it is due (``force``: whenever it is behind)."""
+        sc = self.sidecar
+        if sc is None or self.tailer.gen is None or self.offset <= sc.checkpointed:
+            return
+        now = time.monotonic()
+        behind = self.offset - max(sc.checkpointed, 0)
+        due = (force or sc.checkpointed < 0 or behind >= CHECKPOINT_BYTES
+               or now - self._checkpoint_time >= CHECKPOINT_S)
+        if due and (not self.indexing or behind >= CHECKPOINT_BYTES) and sc.reap():
+            # (reap: the previous checkpoint is written; while it is not, the next poll tries again)
+            self._checkpoint_time = now
+            self._with_sidecar(sc.checkpoint, self.index, self.path, self.offset)
+
+    def close(self) -> None:
+        """Checkpoint what was read since the last checkpoint and release the sidecar."""
+        if self.sidecar is not None:
+            self.sidecar.reap(wait=True)  # so that this last checkpoint is not skipped
+        self.checkpoint(force=True)
+        if self.sidecar is not None:
+            self.sidecar.close()
+            self.sidecar = None
 
     @property
     def gen(self) -> str | None:
@@ -141,16 +221,26 @@ class Run:
             self.index = RunIndex()
             self.indexing = True
             prev = 0
+            if self.sidecar is not None:
+                self._with_sidecar(self.sidecar.reset)
         batch = None
         if res.lines and self.tailer.gen is not None:
             marks_status = self.index.status_records
             parsed = self.index.add_lines(res.lines, prev)
+            sc = self.sidecar
+            if sc is not None:
+                sc.append(step_rows(parsed, sc.columns, sc.seen))
+                if sc.unflushed >= FLUSH_BYTES or not res.more:
+                    self._with_sidecar(sc.flush)
             derived = self.index.derived.between(prev, self.tailer.offset)
             batch = Batch(self.tailer.gen, prev, self.tailer.offset, self.lines_to_send(parsed, derived),
                           self.index.status_records != marks_status,
                           splice(parsed.records, parsed.offsets, derived, attrgetter("event")))
+        backlog_read = self.indexing and not res.more
         if not res.more:
             self.indexing = False
+        if self.sidecar is not None:
+            self.checkpoint(force=backlog_read)
         return res.reset, batch, res.more
 
     @staticmethod

@@ -78,6 +78,28 @@ class FileTailer:
         self.gen = gen if gen != old else make_gen(st.st_dev, st.st_ino, first_line + old.encode())
         self._split = LineSplitter(0, self.max_line)
 
+    def resume(self, offset: int) -> bool:
+        """Go on from byte ``offset`` (a line boundary up to which the file was read before, e.g.
+        by a previous server: ``sidecar.py``), as if it had been polled up to there; ``False``
+        when the file is gone or has no complete line."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            first = self._first_line_of(fd)
+            if first is None or st.st_size < offset:
+                return False
+            self.gen = None
+            self._restart(st, first)
+            self._split = LineSplitter(offset, self.max_line)
+            self.size = st.st_size
+            self.mtime = st.st_mtime
+            return True
+        finally:
+            os.close(fd)
+
     def poll(self, max_bytes: int = 4 << 20) -> TailResult:
         """Stat the file and read at most ``max_bytes`` of what was appended since the last poll."""
         try:

@@ -1,0 +1,163 @@
+"""Section ``server``, big runs (issue #26): a big run log's index, restarts and zooms, served by this
+tree and by another one (the previous release: ``--prev DIR``, a checkout) in the same run.
+
+Each *start* is a fresh ``python -m gradmon serve`` process of one tree (its directory first on
+``sys.path``) on a copy-free hard link of the log: ``cold`` removes the index sidecar first (a
+first start; the previous release has none, so its every start is cold), ``warm`` keeps what the
+previous start left. Per start: ``index_s`` (process start -> ``/api/runs`` lists every record, not
+indexing), ``first_answer_ms`` (the first full-range history after that), then ``fetches``
+full-range histories and ``fetches`` 1 % zooms (random windows of ``steps / 100`` steps, the same
+for both trees), 2000 points each: p50 and p99; the server's and its history worker's RSS; the
+sidecar's size. Starts alternate between the trees round by round (the machine is shared: quote
+medians). ``python -m benchmarks.bigruns --steps 2000000 --prev /tmp/prev``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from benchmarks.runlogs import ensure_run_log
+from benchmarks.server_harness import free_port, http_get
+from benchmarks.stats import percentile
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rss_mb(pid: int) -> tuple[float, float]:
+    """The process's RSS and its children's (the history worker), in MiB."""
+    import psutil
+
+    p = psutil.Process(pid)
+    kids = sum(c.memory_info().rss for c in p.children(recursive=True))
+    return p.memory_info().rss / 2**20, kids / 2**20
+
+
+def _du(path: str) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files)
+    return total
+
+
+@contextlib.contextmanager
+def _server(tree: str, logdir: str, out_log: str) -> Iterator[dict[str, Any]]:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": tree}
+    with open(out_log, "ab") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "gradmon", "serve", logdir, "--host", "127.0.0.1",
+                                 "--port", str(port)], cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        yield {"url": f"http://127.0.0.1:{port}", "pid": proc.pid, "proc": proc}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _get_json(url: str, timeout: float = 120.0) -> Any:
+    status, body = http_get(url, timeout)
+    if status != 200:
+        raise RuntimeError(f"{url} answered {status}: {body[:200]!r}")
+    return json.loads(body)
+
+
+def one_start(tree: str, logdir: str, name: str, steps: int, windows: list[int], fetches: int,
+              cold: bool, out_dir: str, timeout: float = 900.0) -> dict[str, Any]:
+    """One server start of ``tree`` on the log (see the module docstring)."""
+    log_path = os.path.join(logdir, name, "metrics.jsonl")
+    side = os.path.join(logdir, name, ".metrics.jsonl.gmidx")
+    if cold:
+        shutil.rmtree(side, ignore_errors=True)
+    out: dict[str, Any] = {"tree": tree, "cold": cold}
+    t0 = time.perf_counter()
+    with _server(tree, logdir, os.path.join(out_dir, "bigruns-server.log")) as srv:
+        deadline = time.monotonic() + timeout
+        while True:
+            if srv["proc"].poll() is not None:
+                raise RuntimeError(f"the server of {tree} exited with {srv['proc'].returncode}")
+            with contextlib.suppress(OSError):
+                runs = {r["name"]: r for r in _get_json(srv["url"] + "/api/runs", 10)["runs"]}
+                info = runs.get(name)
+                if info and info.get("last_step") == steps and not info.get("indexing", False):
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("not indexed in time")
+            time.sleep(0.02)
+        out["index_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        doc = _get_json(f"{srv['url']}/api/runs/{name}/history?points=2000")
+        out["first_answer_ms"] = (time.perf_counter() - t1) * 1e3
+        out["to_first_full_answer_s"] = time.perf_counter() - t0
+        out["cursor_is_the_file"] = doc["cursor"]["offset"] == os.path.getsize(log_path)
+        full, zoom = [], []
+        for k in range(fetches):
+            t1 = time.perf_counter()
+            _get_json(f"{srv['url']}/api/runs/{name}/history?points=2000")
+            full.append(time.perf_counter() - t1)
+            a = windows[k % len(windows)]
+            t1 = time.perf_counter()
+            z = _get_json(f"{srv['url']}/api/runs/{name}/history?points=2000&start={a}"
+                          f"&end={a + steps // 100 - 1}")
+            zoom.append(time.perf_counter() - t1)
+        out["zoom_points"] = len(z["series"].get("loss", {}).get("step", []))
+        out["zoom_exact"] = z.get("exact")
+        for key, ts in (("full", full), ("zoom", zoom)):
+            out[f"{key}_p50_ms"] = percentile(ts, 50) * 1e3
+            out[f"{key}_p99_ms"] = percentile(ts, 99) * 1e3
+        out["rss_mb"], out["worker_rss_mb"] = _rss_mb(srv["pid"])
+    out["sidecar_mb"] = _du(side) / 1e6 if os.path.isdir(side) else 0.0
+    return out
+
+
+def run(steps: int, prev: str | None, rounds: int, fetches: int, out_dir: str, log: Any = print,
+        seed: int = 0) -> dict[str, Any]:
+    """``rounds`` rounds of: previous tree (cold), this tree cold, this tree warm."""
+    name = f"r{steps}"
+    logdir = os.path.join(out_dir, "bigruns26", name)
+    path = os.path.join(logdir, name, "metrics.jsonl")
+    gen = ensure_run_log(path, steps)
+    rng = random.Random(seed)
+    windows = [rng.randrange(1, steps - steps // 100) for _ in range(fetches)]
+    out: dict[str, Any] = {"steps": steps, "file_mb": os.path.getsize(path) / 1e6,
+                           "generated": not gen["reused"], "rounds": rounds, "fetches": fetches, "starts": []}
+    plan = [(prev, True)] if prev else []
+    plan += [(HERE, True), (HERE, False)]
+    for r in range(rounds):
+        for tree, cold in plan:
+            res = one_start(tree, logdir, name, steps, windows, fetches, cold, out_dir)
+            res["round"] = r
+            out["starts"].append(res)
+            log(f"  {'prev' if tree == prev else 'this'} {'cold' if cold else 'warm'}: "
+                f"indexed {res['index_s']:.2f} s, "
+                f"first answer {res['first_answer_ms']:.0f} ms, full p50/p99 {res['full_p50_ms']:.0f}/"
+                f"{res['full_p99_ms']:.0f} ms, 1% zoom {res['zoom_p50_ms']:.0f}/{res['zoom_p99_ms']:.0f} ms, "
+                f"RSS {res['rss_mb']:.0f}+{res['worker_rss_mb']:.0f} MB, sidecar {res['sidecar_mb']:.0f} MB")
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=2_000_000)
+    p.add_argument("--prev", help="a checkout of the previous release, served for comparison")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--fetches", type=int, default=20)
+    p.add_argument("--out-dir", default=os.path.join(HERE, "benchmarks", "out"))
+    a = p.parse_args()
+    os.makedirs(a.out_dir, exist_ok=True)
+    result = run(a.steps, a.prev, a.rounds, a.fetches, a.out_dir,
+                 lambda m: print(m, file=sys.stderr, flush=True))
+    print(json.dumps(result, indent=1))

@@ -1,0 +1,180 @@
+"""Step records as columns: what the index sidecar keeps of each step record, and how a history
+range is answered from it instead of decoding JSON lines.
+
+A *row* is one step record, in file order: its line's byte offset, its step, its flags (bit k set:
+``MARK_FLAGS[k]`` is ``true``) and, per numeric key, its value as a float64 (``MISSING``: no number
+there; a NaN of the log stays a NaN). A key's column starts at the first row that had a number for
+it (rows before hold none). :func:`step_rows` turns a parsed batch into rows (pure);
+:func:`series_from_columns` answers like ``readback.series_from_lines`` from rows read back, exactly
+(tests/test_sidecar.py checks the two agree). The files themselves are ``sidecar.py``'s.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import chain, islice, repeat
+from operator import itemgetter, le
+
+from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES
+from gradmon.server.downsample import downsample_indices
+from gradmon.server.parse import ParsedLines
+from gradmon.server.segments import Intervals, Replaced
+from gradmon.server.steps import TS
+from gradmon.server.values import FAST_TYPES, number
+
+__all__ = ["MAX_COLUMNS", "MISSING", "MISSING_BITS", "Rows", "series_from_columns", "step_rows"]
+
+# A quiet NaN with a payload no JSON value decodes to ("NaN" gives the canonical one): "no number".
+MISSING_BITS = 0x7FF8_0000_DEAD_BEEF
+MISSING: float = struct.unpack("<d", struct.pack("<Q", MISSING_BITS))[0]
+MAX_COLUMNS = 256  # numeric keys kept as columns; a run with more is answered from its lines
+_SKIP = (NOT_SERIES - {TS}) | {"type"}
+
+
+@dataclass
+class Rows:
+    """Consecutive rows: offsets, steps, flags, and per key its values from ``columns[k][0]``
+    (the position of its first row in this batch)."""
+
+    offsets: array  # "q"
+    steps: array  # "q"
+    flags: bytearray
+    columns: dict[str, tuple[int, array]]  # key -> (first position, "d" values from there)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+def _floats(column: list) -> array:
+    """The column as float64s (``MISSING`` where no number)."""
+    if set(map(type, column)) <= FAST_TYPES:
+        try:
+            return array("d", column)
+        except OverflowError:  # an integer too big for a float: number() reads it as +-inf
+            pass
+    return array("d", [MISSING if (v := number(x)) is None else v for x in column])
+
+
+def step_rows(parsed: ParsedLines, known: Collection[str], seen: set[str] | None = None) -> Rows:
+    """The rows of a parsed batch's step records. ``known``: keys that already have a column (a
+    column for a new key starts at its first number). ``seen`` (updated): every key of the step
+    records so far; a batch whose records have no other key takes the keys to look at from
+    ``known`` and ``seen`` instead of from every record (the common batch)."""
+    recs = parsed.records
+    kinds = list(map(itemgetter("type"), recs))
+    if kinds.count("step") == len(recs):
+        pos = None
+        steps_recs = recs
+        offsets = parsed.offsets
+    else:
+        pos = [i for i, k in enumerate(kinds) if k == "step"]
+        steps_recs = [recs[i] for i in pos]
+        offsets = [parsed.offsets[i] for i in pos]
+    flags = bytearray(len(steps_recs))
+    if parsed.check:  # only these records can hold a flag (parse.ParsedLines.check)
+        row_of = {i: r for r, i in enumerate(pos)} if pos is not None else None
+        for i in parsed.check:
+            r = i if row_of is None else row_of.get(i)
+            if r is None:
+                continue
+            rec = recs[i]
+            flags[r] = sum(1 << b for b, (flag, _k) in enumerate(MARK_FLAGS) if rec.get(flag) is True)
+    columns: dict[str, tuple[int, array]] = {}
+    if seen is not None and all(map(seen.issuperset, steps_recs)):
+        names: Iterable[str] = [*known, *(seen.difference(known).difference(_SKIP))]
+    else:
+        names = dict.fromkeys(chain.from_iterable(steps_recs))
+        if seen is not None:
+            seen.update(names)
+    for name in names:
+        if name in _SKIP:
+            continue
+        raw = list(map(dict.get, steps_recs, repeat(name)))
+        if name not in known and raw.count(None) == len(raw):
+            continue  # not in this batch (or no value at all)
+        values = _floats(raw)
+        first = 0
+        if name not in known:
+            bits = array("Q", values.tobytes())
+            while first < len(bits) and bits[first] == MISSING_BITS:
+                first += 1
+            if first == len(bits):
+                continue  # no number yet: no column yet
+            values = values[first:]
+        columns[name] = (first, values)
+    return Rows(array("q", offsets), array("q", map(itemgetter("step"), steps_recs)), flags, columns)
+
+
+def series_from_columns(steps: Sequence[int], offsets: Sequence[int], flags: bytes,
+                        columns: dict[str, tuple[int, array]], start: float, end: float, points: int,
+                        replaced: Replaced | None = None, keep_out: Intervals = (),
+                        ) -> tuple[dict[str, tuple[list[int], list[float]]], bool]:
+    """``readback.series_from_lines`` of the rows given (consecutive, in file order; each column
+    ``(first position, values from there)``), with the same arguments and result."""
+    gone = Replaced([keep_out]) if keep_out else None
+    if replaced is None and gone is None and all(map(le, steps, islice(steps, 1, None))):
+        # Steps in order (one segment, no rollback): the range is one stretch of rows.
+        sel: Sequence[int] = range(bisect_left(steps, start), bisect_right(steps, end))
+    else:
+        sel = [i for i, s in enumerate(steps) if start <= s <= end
+               and (replaced is None or not replaced.hides_at(offsets[i], s))
+               and (gone is None or not gone.hides(0, s))]
+    exact = len(sel) <= points
+    if not sel:
+        return {}, exact
+    if isinstance(sel, range):
+        sel_steps = list(steps[sel.start:sel.stop])
+        contiguous = True
+        marked = any(flags[sel.start:sel.stop])
+    else:
+        sel_steps = [steps[i] for i in sel]
+        if not all(map(le, sel_steps, sel_steps[1:])):
+            order = sorted(range(len(sel)), key=sel_steps.__getitem__)
+            sel = [sel[k] for k in order]
+            sel_steps = [sel_steps[k] for k in order]
+        contiguous = sel[-1] - sel[0] + 1 == len(sel) and all(map(le, sel, sel[1:]))
+        marked = any(flags)
+    flagged = {k for k, i in enumerate(sel) if flags[i]} if marked else set()
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for name, (first, values) in columns.items():
+        bits = array("Q", values.tobytes())
+        finite_only = name == TS
+        a, b = sel[0] - first, sel[-1] + 1 - first
+        if contiguous and a >= 0 and bits[a:b].count(MISSING_BITS) == 0:  # the common range: no loop
+            vals = values[a:b].tolist()
+            if not finite_only or math.isfinite(sum(vals)):
+                series[name] = _downsampled(sel_steps, vals, flagged, exact, points)
+                continue
+        pos = []
+        vals = []
+        for k, i in enumerate(sel):
+            j = i - first
+            if j < 0 or bits[j] == MISSING_BITS:
+                continue
+            v = values[j]
+            if finite_only and not math.isfinite(v):
+                continue
+            pos.append(k)
+            vals.append(v)
+        if not pos:
+            continue
+        if len(pos) == len(sel):
+            s_steps, keep = sel_steps, flagged
+        else:
+            s_steps = [sel_steps[k] for k in pos]
+            keep = {m for m, k in enumerate(pos) if k in flagged} if flagged else set()
+        series[name] = _downsampled(s_steps, vals, keep, exact, points)
+    return series, exact
+
+
+def _downsampled(steps: list[int], values: list[float], keep: set[int], exact: bool,
+                 points: int) -> tuple[list[int], list[float]]:
+    if exact:
+        return list(steps), values
+    idx = downsample_indices(values, max(1, points // 4), keep)
+    return [steps[i] for i in idx], [values[i] for i in idx]
