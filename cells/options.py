@@ -66,6 +66,10 @@ class StepOptions:
     - ``grad_accum_steps``: micro-batches per optimizer step (1: no accumulation). The gradients of
       ``N`` calls are summed on device and their mean is reduced, measured, clipped and applied on
       the ``N``-th call (see "Gradient accumulation" in docs/cells.md).
+    - ``require_scalar_loss``: the network's first output must be a scalar loss (shape ``()`` or
+      ``(1,)``), checked at the first call: a network without its loss (logits) raises, naming
+      ``nn.WithLossCell``. False: accept any float output as ``nn.TrainOneStepCell`` does (the
+      gradients are then of ``sum(output * sens)`` and the history's ``loss`` is its mean).
     """
 
     max_norm: float | None = None
@@ -87,6 +91,7 @@ class StepOptions:
     norm_strategy: str = "auto"
     shard_group: str | None = None
     grad_accum_steps: int = 1
+    require_scalar_loss: bool = True
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once, here
@@ -112,7 +117,7 @@ class StepOptions:
             set_(self, name, int(value))
         if self.forensics_ids and not self.forensics:
             raise ValueError("forensics_ids needs forensics=K > 0 (the steps whose sample ids are kept)")
-        for name in ("skip_nonfinite", "local_norm", "layer_stats"):
+        for name in ("skip_nonfinite", "local_norm", "layer_stats", "require_scalar_loss"):
             set_(self, name, _flag(name, getattr(self, name)))
         if self.norm_strategy not in NORM_STRATEGIES:
             raise ValueError(f"norm_strategy must be one of {NORM_STRATEGIES}, got {self.norm_strategy!r}")

@@ -25,6 +25,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ._compat import check_train_cell_layout, require_supported
+from .checks import check_loss_output, check_step_arguments, check_step_inputs, step_checks
 from .forensics import setup_forensics
 from .history import COUNTER_NAMES, history_fields
 from .host_read import HostReadMixin
@@ -111,12 +112,14 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
                  return_grad: bool = False, **options: Any) -> None:
         require_supported()
         # Fail before building anything.
+        check_step_arguments(type(self).__name__, network, optimizer)
         checked = StepOptions.from_kwargs(type(self).__name__, **options)
         sens, return_grad = check_stock_arguments(sens, return_grad, checked.output_layout,
                                                   checked.grad_accum_steps)
         super().__init__(network, optimizer, sens=sens, return_grad=return_grad)
         check_train_cell_layout(self)
         self.options = checked
+        self.step_checks = step_checks(type(self).__name__, network, self._loss_scaled, checked)
         self._setup_monitoring(checked)
         self._setup_outputs(checked)
 
@@ -228,8 +231,9 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         return self._step_outputs(loss, norm, grads, extra, lr)
 
     def _forward(self, *inputs):
-        """The network's outputs: its loss, or ``(loss, *extra)``."""
-        return self.network(*inputs)
+        """The network's outputs: its loss, or ``(loss, *extra)`` (checked: cells/checks.py)."""
+        check_step_inputs(len(inputs), self.step_checks)
+        return check_loss_output(self.network(*inputs), self.step_checks)
 
     def _backward(self, outputs, *inputs):
         """``(grads, inv_scale, scale_used)``: gradients seeded with ``sens``, as ``nn.TrainOneStepCell``."""

@@ -76,7 +76,11 @@ class Receiver:
 
 
 @pytest.fixture
-def receiver():
+def receiver(monkeypatch):
+    # The sender honours the proxy environment (httpx): a proxy set where the tests run must not
+    # carry posts meant for 127.0.0.1 (test_alerts_proxy.py sets its own).
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
     made: list[Receiver] = []
 
     def make(mode: str = "ok") -> Receiver:
@@ -232,7 +236,8 @@ def test_sender_posts_one_message_per_alarm(receiver):
         await _until(lambda: len(hook.bodies) == 1)
         abort = {"type": "event", "kind": "abort", "step": 31, "ts": time.time(), "message": "m"}
         sender.feed("exp1", [abort])
-        await _until(lambda: len(hook.bodies) == 2)
+        # The receiver records a body before it answers: wait for the sender to read the answer too.
+        await _until(lambda: len(hook.bodies) == 2 and sender.stats()["sent"] == 2)
         await sender.close()
         return sender.stats()
 

@@ -73,31 +73,56 @@ def test_writer_refuses_overlong_record(tmp_path):
     assert [r.get("step") for r in read_records(path)] == [2, None]
 
 
-def test_writer_unwritable_path_drops_warns_once_and_recovers(tmp_path):
+def test_writer_file_in_the_way_is_named_checked_every_retry_max_and_summarised_at_close(tmp_path):
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where the run directory should be")
     path = blocker / "metrics.jsonl"  # open() fails with ENOTDIR (works as root, unlike chmod)
     clock = FakeClock()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        w = RunLogWriter(path, header={"log_interval": 1}, retry_initial=5.0, clock=clock)
+        w = RunLogWriter(path, header={"log_interval": 1}, retry_initial=5.0, retry_max=20.0, clock=clock)
         for step in range(1, 4):
             assert w.write({"type": "step", "step": step}) is False
-        clock.t += 6  # past the first back-off, still broken: back-off doubles
+        blocker.unlink()  # the user moves the file away
+        clock.t += 6  # past retry_initial: a lasting error is not retried at the short back-off
         assert w.write({"type": "step", "step": 4}) is False
-        blocker.unlink()
-        clock.t += 6  # within the doubled back-off (10 s): not retried yet
-        assert w.write({"type": "step", "step": 5}) is False
-        clock.t += 5
-        assert w.write({"type": "step", "step": 6}) is True
-    ours = [c for c in caught if "gradmon" in str(c.message)]
-    assert len(ours) == 1 and issubclass(ours[0].category, RuntimeWarning)
-    assert w.dropped_records == 6  # header + steps 1..5
-    w.close()
+        clock.t += 15  # past retry_max: checked again, and it heals
+        assert w.write({"type": "step", "step": 5}) is True
+    ours = [str(c.message) for c in caught if "gradmon" in str(c.message)]
+    assert ours == [f"gradmon: cannot open run log {path}: {blocker} is a file, not a directory "
+                    "(LiveMonitor(path) takes a run directory, or a file path ending in .jsonl: move that "
+                    "file or choose another path); its records are dropped (checked again every 20 s, not "
+                    "at every step)"]
+    assert "File exists" not in ours[0] and "retrying" not in ours[0]
+    assert w.dropped_records == 5  # header + steps 1..4
+    with pytest.warns(RuntimeWarning, match=rf"gradmon: 5 records could not be written to {path}: "
+                                            rf"{blocker} is a file, not a directory"):
+        w.close()
     records = list(read_records(path))
     assert [r["type"] for r in records] == ["event", "step", "end"]
-    assert records[0]["kind"] == "io_error" and records[0]["dropped"] == 6
-    assert records[1]["step"] == 6 and records[2]["dropped_records"] == 6
+    assert records[0]["kind"] == "io_error" and records[0]["dropped"] == 5
+    assert records[1]["step"] == 5 and records[2]["dropped_records"] == 5
+
+
+def test_writer_transient_error_backs_off_doubling_and_recovers(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    path = tmp_path / "metrics.jsonl"
+    os.symlink("/dev/full", path)  # every write fails with ENOSPC: the disk may free up
+    clock = FakeClock()
+    with pytest.warns(RuntimeWarning, match="No space left on device; dropping records and retrying"):
+        w = RunLogWriter(path, header={}, retry_initial=5.0, clock=clock)
+    assert w.write({"type": "step", "step": 1}) is False
+    clock.t += 6  # past the first back-off, still full: retried, and the back-off doubles
+    assert w.write({"type": "step", "step": 2}) is False
+    os.unlink(path)
+    clock.t += 6  # within the doubled back-off (10 s): not retried yet
+    assert w.write({"type": "step", "step": 3}) is False
+    clock.t += 5
+    assert w.write({"type": "step", "step": 4}) is True
+    with pytest.warns(RuntimeWarning, match="4 records could not be written to .*No space left on device"):
+        w.close()
+    assert [r.get("kind", r["type"]) for r in read_records(path)] == ["io_error", "step", "end"]
 
 
 def test_writer_full_disk_then_recovers(tmp_path):

@@ -28,6 +28,7 @@ Automatic recovery acts at optimizer-step boundaries only, and counts optimizer 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -55,13 +56,36 @@ _EPOCH_LENGTH_NOT_GIVEN = "not given (a hand-written loop: pass steps_per_epoch 
 
 
 def log_file_path(path: str | os.PathLike[str]) -> str:
-    """The run log a ``LiveMonitor(path)`` writes: ``path/metrics.jsonl`` when ``path`` is an
-    existing directory or ends with a path separator, else ``path`` itself."""
+    """The run log a ``LiveMonitor(path)`` writes: ``path`` itself when it ends in ``.jsonl``,
+    else ``path/metrics.jsonl`` (a run directory, as TensorBoard's ``SummaryWriter(log_dir)``), so
+    ``gradmon serve`` on the parent lists it as the run ``path``'s name. One exception keeps older
+    runs going: an existing gradmon log without the suffix (its first line a ``header``) is itself."""
     text = os.fspath(path)
     separators = tuple(s for s in (os.sep, os.altsep) if s)
-    if text.endswith(separators) or os.path.isdir(text):
-        return os.path.join(text, LOG_FILE_NAME)
-    return text
+    names_a_file = not text.endswith(separators) and not os.path.isdir(text)
+    if names_a_file and (text.lower().endswith(".jsonl") or _is_run_log(text)):
+        return text
+    return os.path.join(text, LOG_FILE_NAME)
+
+
+def note_unlisted_name(log_file: str) -> None:
+    """Say once, at the start, when ``gradmon serve`` will not list ``log_file`` (a run is a
+    directory holding ``metrics.jsonl``): the seed of many a blank page."""
+    if os.path.basename(log_file) != LOG_FILE_NAME:
+        run = os.path.splitext(log_file)[0]
+        _log.warning("gradmon: %s is not named %s, so gradmon serve will not list it (a run is a directory "
+                     "holding %s); LiveMonitor(%r) writes the run %r", log_file, LOG_FILE_NAME, LOG_FILE_NAME,
+                     run, os.path.basename(run))
+
+
+def _is_run_log(path: str) -> bool:
+    """Whether ``path`` is a regular file whose first line is a run-log ``header`` record."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 16)
+        return json.loads(first).get("type") == "header"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _metric_value(value: Any) -> Any:
@@ -78,10 +102,11 @@ class LiveMonitor(Callback):
     """Write a live run log of a MindSpore training run.
 
     Args:
-        log_file: the run log, e.g. ``logs/exp001/metrics.jsonl``; an existing directory (or a
-            path ending with a separator) means ``metrics.jsonl`` inside it. Directories are
-            created; the file is appended to, so a restarted run adds a new segment. One writer
-            per log: a second one raises :class:`gradmon.monitor.writelock.LogInUseError`.
+        log_file: the run log, e.g. ``logs/exp001/metrics.jsonl``; a path not ending in ``.jsonl``
+            is a run directory: ``LiveMonitor("logs/exp001")`` writes ``logs/exp001/metrics.jsonl``
+            (:func:`log_file_path`). Directories are created; the file is appended to, so a
+            restarted run adds a new segment. One writer per log: a second one raises
+            :class:`gradmon.monitor.writelock.LogInUseError`.
         log_interval: read the device on steps that are multiples of this (and before an
             evaluation and at the end).
         **options: the monitor's other options, each described in
@@ -97,6 +122,7 @@ class LiveMonitor(Callback):
         super().__init__()
         self.settings = MonitorSettings.from_kwargs(type(self).__name__, log_file_path(log_file),
                                                     log_interval=log_interval, **options)
+        note_unlisted_name(self.settings.log_file)
         self._cell: Any = None
         self._optimizer: Any = None
         self._segment: Segment | None = None  # the open (or last) segment

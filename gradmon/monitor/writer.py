@@ -12,6 +12,7 @@ Reading is :mod:`gradmon.logformat.reader`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import socket
@@ -28,7 +29,7 @@ from gradmon.logformat.lines import MAX_LINE_BYTES
 from gradmon.logformat.schema import SCHEMA_VERSION
 from gradmon.monitor.writelock import LogInUseError, WriterLock
 
-__all__ = ["LogInUseError", "RunLogWriter", "header_record"]
+__all__ = ["LogInUseError", "RunLogWriter", "describe_io_error", "header_record"]
 
 _log = logging.getLogger("gradmon.monitor.writer")
 
@@ -53,6 +54,43 @@ def header_record(**fields: Any) -> dict[str, Any]:
     return record
 
 
+# Errors that waiting does not heal: something in the way, a read-only mount, missing permission.
+_LASTING = {errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _file_in_the_way(path: str) -> str | None:
+    """The nearest existing ancestor of ``path`` that is not a directory (a regular file, say)."""
+    here = os.path.dirname(os.path.abspath(path))
+    while here and not os.path.lexists(here):
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+    return here if here and not os.path.isdir(here) else None
+
+
+def describe_io_error(exc: OSError, path: str) -> tuple[str, bool]:
+    """What an I/O error on the run log ``path`` means, in words a user can act on, and whether it
+    lasts (waiting will not heal it: something in the way, a read-only file system, no permission)
+    or may pass (a full disk, a removed directory, a flaky mount)."""
+    code = exc.errno
+    if code in (errno.ENOTDIR, errno.EEXIST):
+        blocker = _file_in_the_way(path)
+        if blocker is not None:
+            return (f"{blocker} is a file, not a directory (LiveMonitor(path) takes a run directory, or a "
+                    f"file path ending in .jsonl: move that file or choose another path)"), True
+    if code == errno.EISDIR:
+        return f"{path} is a directory (name the log file inside it, e.g. {path}/metrics.jsonl)", True
+    if code == errno.EROFS:
+        return (f"{os.path.dirname(path) or '.'} is on a read-only file system "
+                f"(write the log to a writable directory)"), True
+    if code in (errno.EACCES, errno.EPERM):
+        # the log itself, or else its directory (the lock file beside the log is an internal detail)
+        where = path if exc.filename == path else os.path.dirname(path) or "."
+        return f"no permission to write {where} ({exc.strerror}; choose a directory you can write to)", True
+    return str(exc), code in _LASTING
+
+
 class RunLogWriter:
     """Append-only, thread-safe writer of one run log.
 
@@ -65,13 +103,15 @@ class RunLogWriter:
     this one reopens it, this one drops (and counts) its records from then on.
 
     Failure handling: any ``OSError`` (disk full, permission denied, directory removed, ...) is
-    caught. The first one emits a :class:`RuntimeWarning` (and a log message); the record is
-    dropped and counted in :attr:`dropped_records`; the file is reopened at the next write after
-    a backoff of ``retry_initial`` seconds, doubling up to ``retry_max``. Records written while
-    waiting are dropped and counted too. After a recovery an ``event`` record of kind
-    ``io_error`` tells readers how many records are missing. If the log file is deleted or
-    replaced while open, the writer notices within ``check_interval`` seconds and recreates it
-    (its directory included).
+    caught. The first one emits a :class:`RuntimeWarning` (and a log message) saying what it is
+    (:func:`describe_io_error`); the record is dropped and counted in :attr:`dropped_records`; the
+    file is reopened at the next write after a backoff of ``retry_initial`` seconds, doubling up
+    to ``retry_max`` — or, for an error that lasts (a file in the way, a read-only file system, no
+    permission), after ``retry_max`` seconds each time. Records written while waiting are dropped
+    and counted too; :meth:`close` says once how many were lost and why. After a recovery an
+    ``event`` record of kind ``io_error`` tells readers how many records are missing. If the log
+    file is deleted or replaced while open, the writer notices within ``check_interval`` seconds
+    and recreates it (its directory included).
     """
 
     def __init__(
@@ -101,6 +141,7 @@ class RunLogWriter:
         self._warned = False
         self._dropped = 0
         self._dropped_since_recovery = 0
+        self._drop_reason = ""  # why the last record was dropped, for the summary at close
         self._closed = False
         first = header_record(**header) if header is not None else None
         self._lock_note = {"run_id": first["run_id"]} if first is not None else {}
@@ -129,13 +170,15 @@ class RunLogWriter:
                 raise ValueError(f"write to a closed run log {self.path}")
             if len(line) > MAX_LINE_BYTES:
                 self._dropped += 1
+                self._drop_reason = f"a record exceeded the {MAX_LINE_BYTES}-byte line limit"
                 self._warn(f"record of {len(line)} bytes exceeds the {MAX_LINE_BYTES}-byte line limit; "
                            "dropped")
                 return False
             return self._write_line(line)
 
     def close(self, status: str | None = "finished", **fields: Any) -> None:
-        """Write the ``end`` record (unless ``status`` is None) and close the file. Idempotent."""
+        """Write the ``end`` record (unless ``status`` is None) and close the file; if records
+        were dropped, say once how many and why. Idempotent."""
         if self._closed:
             return
         if status is not None:
@@ -148,6 +191,13 @@ class RunLogWriter:
             self._closed = True
             self._close_fd()
             self._writer_lock.release()
+            dropped, reason = self._dropped, self._drop_reason
+        if dropped:
+            superseded = f"another writer took the log ({self._superseded})" if self._superseded else ""
+            records = "record" if dropped == 1 else "records"
+            message = f"{dropped} {records} could not be written to {self.path}: {superseded or reason}"
+            _log.warning("gradmon: %s", message)
+            warnings.warn(f"gradmon: {message}", RuntimeWarning, stacklevel=2)
 
     def __enter__(self) -> RunLogWriter:
         return self
@@ -284,9 +334,16 @@ class RunLogWriter:
     def _fail(self, exc: OSError, action: str) -> None:
         self._close_fd()
         self._failing = True
+        what, lasting = describe_io_error(exc, self.path)
+        self._drop_reason = what
+        if lasting:  # no use trying at every step; a fix (chmod, remount, moving the file) is still seen
+            self._retry_at = self._clock() + self._retry_max
+            self._warn(f"cannot {action} run log {self.path}: {what}; its records are dropped (checked "
+                       f"again every {self._retry_max:g} s, not at every step)")
+            return
         self._retry_at = self._clock() + self._backoff
         self._backoff = min(self._backoff * 2, self._retry_max)
-        self._warn(f"cannot {action} run log {self.path}: {exc}; dropping records and retrying")
+        self._warn(f"cannot {action} run log {self.path}: {what}; dropping records and retrying")
 
     def _warn(self, message: str) -> None:
         if self._warned:

@@ -13,6 +13,11 @@ counting when full); one asyncio task posts, with a deadline per request, a few 
 5xx/429/network errors, and a token-bucket rate limit that merges waiting alerts into one message
 instead of losing them. Nothing here raises into the server's loop.
 
+The posts go through httpx, which takes the proxy a cluster has from the environment
+(``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY``, minus the hosts in ``NO_PROXY``) and the CA
+bundle from ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` when set: Slack or Feishu are often reachable from
+a training cluster only through a proxy.
+
 Records the server reads when it starts (the existing content of each log) are history, not news:
 they alert only when stamped after the server started. Records written after that alert.
 """
@@ -20,16 +25,16 @@ they alert only when stamped after the server started. Records written after tha
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import math
-import ssl
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote, urlsplit
+
+import httpx
 
 from gradmon.logformat.schema import ALARM_RULE_FIELD, DERIVED_SOURCE
 from gradmon.server.values import number
@@ -216,6 +221,7 @@ class AlertSender:
         self._pending: list[Alert] = []  # fed before start
         self._dropped_unreported = 0
         self._task: asyncio.Task | None = None
+        self._client: httpx.AsyncClient | None = None  # the worker's, while it runs
         self._closed = False
 
     # ---- the server's side ------------------------------------------------------------------
@@ -283,6 +289,14 @@ class AlertSender:
 
     # ---- the posting task ---------------------------------------------------------------------
     async def _worker(self) -> None:
+        async with http_client(self.timeout) as client:  # one pool and proxy setup for the server's life
+            self._client = client
+            try:
+                await self._post_queued()
+            finally:
+                self._client = None
+
+    async def _post_queued(self) -> None:
         assert self.queue is not None
         loop = asyncio.get_running_loop()
         while not self._closed:
@@ -306,7 +320,7 @@ class AlertSender:
     async def _deliver(self, body: bytes) -> bool:
         for attempt in range(self.retries + 1):
             try:
-                status = await post_json(self.url, body, self.timeout)
+                status = await post_json(self.url, body, self.timeout, self._client)
             except Exception as exc:  # timeouts, refused connections, TLS errors, bad replies
                 log.warning("alerts: posting to the webhook failed (%s: %s)", type(exc).__name__, exc)
                 status = None
@@ -320,35 +334,25 @@ class AlertSender:
         return False
 
 
-async def post_json(url: str, body: bytes, timeout: float) -> int:
-    """POST ``body`` as JSON to ``url`` (HTTP/1.1, ``Connection: close``) and return the status,
-    all within ``timeout`` seconds (``asyncio.TimeoutError`` past it)."""
-    parts = urlsplit(url)
-    secure = parts.scheme == "https"
-    host = parts.hostname or ""
-    port = parts.port or (443 if secure else 80)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    head = [f"POST {target} HTTP/1.1", f"Host: {netloc}", "User-Agent: gradmon-alerts",
-            "Content-Type: application/json; charset=utf-8", f"Content-Length: {len(body)}",
-            "Connection: close"]
-    if parts.username is not None:
-        token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode("ascii")
-        head.append(f"Authorization: Basic {token}")
-    request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+def http_client(timeout: float) -> httpx.AsyncClient:
+    """The sender's HTTP client: proxy and CA bundle from the environment (``trust_env``), no
+    redirects followed (a webhook answers where it is), ``timeout`` per connect/read/write."""
+    return httpx.AsyncClient(trust_env=True, follow_redirects=False, timeout=httpx.Timeout(timeout),
+                             headers={"User-Agent": "gradmon-alerts"})
 
-    async def exchange() -> int:
-        context = ssl.create_default_context() if secure else None
-        reader, writer = await asyncio.open_connection(host, port, ssl=context)
-        try:
-            writer.write(request)
-            await writer.drain()
-            status_line = await reader.readline()
-            fields = status_line.decode("latin-1").split()
-            if len(fields) < 2 or not fields[0].startswith("HTTP/") or not fields[1].isdigit():
-                raise ValueError(f"not an HTTP response: {status_line[:60]!r}")
-            return int(fields[1])
-        finally:
-            writer.close()
 
-    return await asyncio.wait_for(exchange(), timeout)
+async def post_json(url: str, body: bytes, timeout: float, client: httpx.AsyncClient | None = None) -> int:
+    """POST ``body`` as JSON to ``url`` and return the status, all within ``timeout`` seconds
+    (``asyncio.TimeoutError`` past it; ``httpx.HTTPError`` for network, proxy and TLS failures).
+    Credentials in the URL (``https://user:pass@host/...``) go as Basic auth. ``client``: one from
+    :func:`http_client` (default: a new one for this request)."""
+    headers = {"Content-Type": "application/json; charset=utf-8"}
+
+    async def exchange(c: httpx.AsyncClient) -> int:
+        response = await c.post(url, content=body, headers=headers)
+        return response.status_code
+
+    if client is not None:
+        return await asyncio.wait_for(exchange(client), timeout)
+    async with http_client(timeout) as own:
+        return await asyncio.wait_for(exchange(own), timeout)

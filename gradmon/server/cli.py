@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import signal
 import sys
 
-__all__ = ["add_parser", "run_serve"]
+__all__ = ["add_parser", "listen_error", "no_runs_note", "run_serve"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -70,6 +71,9 @@ def run_serve(args: argparse.Namespace) -> int:
         where = os.path.realpath(args.logdir)
         note = "" if os.path.isdir(where) else " (does not exist yet: runs appear once it does)"
         print(f"gradmon: serving runs under {where}{note}", flush=True)
+        unlisted = no_runs_note(where)
+        if unlisted:
+            print(f"gradmon: {unlisted}", flush=True)
         if alerts is not None:  # the URL holds a secret: print only where it goes
             where = alerts.url.split("/")[2].rsplit("@", 1)[-1]
             print(f"gradmon: alerts go to the webhook at {where} ({alerts.fmt})", flush=True)
@@ -86,11 +90,55 @@ def run_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     except OSError as exc:
-        print(f"gradmon serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"gradmon serve: {listen_error(exc, args.host, args.port)}", file=sys.stderr)
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def no_runs_note(root: str, max_depth: int = 3, limit: int = 3) -> str | None:
+    """When ``root`` holds no run but ``.jsonl`` files that are not runs (a run is a directory
+    holding ``metrics.jsonl``), say so and how to write them as runs; else None. A short walk
+    (``max_depth`` levels), done once at start: the usual cause of a blank page."""
+    from gradmon.server.runs import discover_runs
+
+    if not os.path.isdir(root) or discover_runs(root, max_runs=1):
+        return None
+    found: list[str] = []
+    for here, dirs, files in os.walk(root):
+        depth = here[len(root):].count(os.sep)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if depth < max_depth else []
+        found += [os.path.join(here, f) for f in sorted(files)
+                  if f.endswith(".jsonl") and not f.startswith("metrics.")]
+        if len(found) >= limit:
+            break
+    if not found:
+        return None
+    run = os.path.splitext(found[0])[0]
+    more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+    return (f"no runs under {root} yet (a run is a directory holding metrics.jsonl), but {found[0]}{more} "
+            f"is a log that is not a run: LiveMonitor({run!r}) writes the run {os.path.basename(run)!r} "
+            f"(or move the file to {os.path.join(run, 'metrics.jsonl')})")
+
+
+def listen_error(exc: OSError, host: str, port: int) -> str:
+    """Why the server could not listen on ``host:port``, and which flag to use instead."""
+    where = f"cannot listen on {host}:{port}: {exc}"
+    if exc.errno == errno.EADDRINUSE:
+        return (f"{where}; another program (another gradmon serve?) has that port: choose another with "
+                f"--port N, or --port 0 for any free port")
+    if exc.errno in (errno.EACCES, errno.EPERM) and 0 < port < 1024:
+        return f"{where}; ports below 1024 need privileges: use --port {_default_port()} or --port 0"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{where}; {host} is not an address of this machine: use --host 127.0.0.1 (or 0.0.0.0 for all)"
+    return where
+
+
+def _default_port() -> int:
+    from gradmon.server.app import DEFAULT_PORT
+
+    return DEFAULT_PORT
 
 
 def _interrupt(_signum: int, _frame: object) -> None:
