@@ -173,7 +173,9 @@ def test_real_cell_clip_and_layer_stats(tmp_path):
     assert [r["step"] for r in steps] == list(range(1, 7))
     for r in steps:  # every step's norm is far above 0.01: clipped, with the factor applied
         assert r["clipped"] is True and r["clip_coef"] == pytest.approx(0.01 / r["grad_norm"], rel=1e-3)
-        assert r["zscore"] == 0.0  # detector warm-up
+        # The detector judges from the 5th finite norm on (its early rule): no z-score before it.
+        assert r["zscore"] == 0.0 or r["step"] > 4
+        assert not r.get("spike")  # a clean run: nothing flagged
     layers = [r for r in recs if r["type"] == "layers"]
     assert [r["step"] for r in layers] == [3, 6]
     assert {row["name"] for row in layers[0]["top"]} <= {p.name for p in net.trainable_params()}
