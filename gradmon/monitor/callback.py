@@ -40,8 +40,7 @@ from gradmon.logformat.jsonl import to_jsonable
 from gradmon.logformat.schema import FLAG_FIELDS
 from gradmon.monitor.outputs import parse_step_outputs, to_float, to_host
 from gradmon.monitor.records import eval_metrics, resumed_epoch_offset
-from gradmon.monitor.recovery import GiveUp, RollbackPlan, rollback_event
-from gradmon.monitor.rollback import RecoveryDriver
+from gradmon.monitor.rollback import RecoveryDriver, RecoveryHooks
 from gradmon.monitor.segment import Segment, rank_log_path
 from gradmon.monitor.settings import MonitorSettings
 from gradmon.monitor.steplog import StepLogger
@@ -98,7 +97,13 @@ def _metric_value(value: Any) -> Any:
     return to_jsonable(host)
 
 
-class LiveMonitor(Callback):
+_TRAINER_CALLBACK_HINT = (
+    "LiveMonitor is a MindSpore Callback; mindformers' PyNative Trainer calls TrainerCallback hooks: use "
+    "gradmon.integrations.mindformers.MindFormersLiveMonitor (YAML: callbacks: [{type: LiveMonitor}]) or "
+    "gradmon.integrations.trainer_callback.TrainerLiveMonitor")
+
+
+class LiveMonitor(RecoveryHooks, Callback):
     """Write a live run log of a MindSpore training run.
 
     Args:
@@ -248,11 +253,7 @@ class LiveMonitor(Callback):
 
     def on_train_begin(self, run_context: Any, *args: Any, **kwargs: Any) -> None:
         if args or kwargs:  # mindformers 2.x's PyNative Trainer: on_train_begin(config, state, model=...)
-            raise TypeError("LiveMonitor is a MindSpore Callback; mindformers' PyNative Trainer calls "
-                            "TrainerCallback hooks: use "
-                            "gradmon.integrations.mindformers.MindFormersLiveMonitor "
-                            "(YAML: callbacks: [{type: LiveMonitor}]) or "
-                            "gradmon.integrations.trainer_callback.TrainerLiveMonitor")
+            raise TypeError(_TRAINER_CALLBACK_HINT)
         cb = run_context.original_args()
         self.attach(cb.train_network, cb.get("optimizer"))
         if self._started and self._logger.step > self._segment.initial_step:
@@ -348,49 +349,3 @@ class LiveMonitor(Callback):
         logger = self._logger
         logger.step_end(logger.step + done, outputs, epoch=epoch)
         self._recover(bool(done))
-
-    # -- automatic recovery ---------------------------------------------------------------------
-
-    @property
-    def rollbacks(self) -> int:
-        """Rollbacks done so far (automatic recovery)."""
-        return self.recovery.rollbacks if self.recovery is not None else 0
-
-    def _holding(self) -> bool:
-        return self.recovery is not None and self.recovery.holding > 0
-
-    def _undo_held_step(self) -> None:
-        """A batch skipped after a rollback ran: undo it; it is neither logged nor counted."""
-        assert self.recovery is not None
-        self.recovery.undo_held_step()
-        if not self.recovery.holding:
-            self._logger.pause()  # the hold's time is not the next steps' step time
-
-    def _recover(self, boundary: bool = True) -> None:
-        """After each step: the recovery's snapshot, rollback or give-up (every rank alike).
-
-        Only at an optimizer-step boundary (``boundary``: the call that ran the optimizer, always
-        without accumulation): a snapshot then holds an empty accumulator, and a rollback restores
-        one, so the loop's count of micro-batches stays in phase with the cell's."""
-        if self.recovery is None or self._segment is None or self._logger.aborted or not boundary:
-            return
-        action = self.recovery.after_step(self._logger)
-        if isinstance(action, GiveUp):
-            self._logger.abort(action.trigger.step, action.message, recovery=True)
-        elif isinstance(action, RollbackPlan):
-            self._roll_back(action)
-
-    def _roll_back(self, plan: RollbackPlan) -> None:
-        """Restore ``plan``'s snapshot, end this segment (``rolled_back``) and open the rollback
-        segment after the restored step, starting with the ``rollback`` event."""
-        assert self.recovery is not None and self._segment is not None
-        from_step = self._logger.step
-        self.recovery.restore(plan)
-        epoch_offset = self._epoch_offset
-        self.close("rolled_back")
-        self._open_segment(plan.step, *self._segment_args, initial_step_from="rollback")
-        self._epoch_offset = epoch_offset
-        self._step_offset += plan.step - from_step  # Model counts on; the steps continue after the snapshot
-        event = rollback_event(plan, from_step, time.time())
-        self._logger.emit(event)
-        _log.warning("gradmon: %s", event["message"])

@@ -19,6 +19,7 @@ with recovery on and more than one rank.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from gradmon.logformat.alarms import AlarmConfig
 from gradmon.monitor.header import distributed
-from gradmon.monitor.recovery import GiveUp, Recovery, RecoveryPolicy, RollbackPlan, Trigger
+from gradmon.monitor.recovery import GiveUp, Recovery, RecoveryPolicy, RollbackPlan, Trigger, rollback_event
 from gradmon.monitor.training_state import accumulation_steps
 
 __all__ = ["RecoveryDriver", "agree_from_sums", "agreement", "local_vote"]
@@ -193,3 +194,58 @@ class RecoveryDriver:
         from gradmon.cells.snapshot import take_snapshot
 
         return take_snapshot(self.cell, step)
+
+
+class RecoveryHooks:
+    """:class:`~gradmon.monitor.callback.LiveMonitor`'s side of automatic recovery: after each step,
+    the snapshot, rollback or give-up its :class:`RecoveryDriver` decides, and the batches held after
+    a rollback. A mixin of LiveMonitor only: it uses the monitor's ``recovery`` (the driver, or None),
+    its logger and segment, ``close`` and ``_open_segment`` with the segment's arguments, and its step
+    and epoch offsets.
+    """
+
+    recovery: RecoveryDriver | None
+
+    @property
+    def rollbacks(self) -> int:
+        """Rollbacks done so far (automatic recovery)."""
+        return self.recovery.rollbacks if self.recovery is not None else 0
+
+    def _holding(self) -> bool:
+        return self.recovery is not None and self.recovery.holding > 0
+
+    def _undo_held_step(self) -> None:
+        """A batch skipped after a rollback ran: undo it; it is neither logged nor counted."""
+        assert self.recovery is not None
+        self.recovery.undo_held_step()
+        if not self.recovery.holding:
+            self._logger.pause()  # the hold's time is not the next steps' step time
+
+    def _recover(self, boundary: bool = True) -> None:
+        """After each step: the recovery's snapshot, rollback or give-up (every rank alike).
+
+        Only at an optimizer-step boundary (``boundary``: the call that ran the optimizer, always
+        without accumulation): a snapshot then holds an empty accumulator, and a rollback restores
+        one, so the loop's count of micro-batches stays in phase with the cell's."""
+        if self.recovery is None or self._segment is None or self._logger.aborted or not boundary:
+            return
+        action = self.recovery.after_step(self._logger)
+        if isinstance(action, GiveUp):
+            self._logger.abort(action.trigger.step, action.message, recovery=True)
+        elif isinstance(action, RollbackPlan):
+            self._roll_back(action)
+
+    def _roll_back(self, plan: RollbackPlan) -> None:
+        """Restore ``plan``'s snapshot, end this segment (``rolled_back``) and open the rollback
+        segment after the restored step, starting with the ``rollback`` event."""
+        assert self.recovery is not None and self._segment is not None
+        from_step = self._logger.step
+        self.recovery.restore(plan)
+        epoch_offset = self._epoch_offset
+        self.close("rolled_back")
+        self._open_segment(plan.step, *self._segment_args, initial_step_from="rollback")
+        self._epoch_offset = epoch_offset
+        self._step_offset += plan.step - from_step  # Model counts on; the steps continue after the snapshot
+        event = rollback_event(plan, from_step, time.time())
+        self._logger.emit(event)
+        _log.warning("gradmon: %s", event["message"])
