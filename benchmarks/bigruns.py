@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from benchmarks.runlogs import ensure_run_log
-from benchmarks.server_harness import free_port, http_get
+from benchmarks.server_harness import free_port, http_get, stop_process
 from benchmarks.stats import percentile
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,12 +58,7 @@ def _server(tree: str, logdir: str, out_log: str) -> Iterator[dict[str, Any]]:
     try:
         yield {"url": f"http://127.0.0.1:{port}", "pid": proc.pid, "proc": proc}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 30)
 
 
 def _get_json(url: str, timeout: float = 120.0) -> Any:

@@ -79,12 +79,17 @@ def serve(logdir: str, log_path: str, ready_timeout: float = 60.0) -> Iterator[d
                 time.sleep(0.05)
             yield {"url": url, "ws": f"ws://127.0.0.1:{port}/ws", "pid": proc.pid, "proc": proc}
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc, 10)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    """Terminate a server process; kill it when it has not exited after ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def list_runs(url: str) -> list[dict[str, Any]]:
