@@ -55,6 +55,7 @@ def _answer(idx, pairs, start, end, points):
 @given(start=st.integers(1, N), width=st.one_of(st.integers(0, 200_000), st.integers(20_000, 140_000)),
        points=st.sampled_from([200, 500, 1000, 2000, 4000, 8000]))
 @example(start=1, width=63_872, points=4000)  # 500 base buckets whose first/last/min/max coincide at times
+@example(start=1, width=64_000, points=4000)  # the same, with two edge buckets that give fewer than 4 points
 def test_points_between_half_and_all_requested(run, start, width, points):
     idx, pairs = run
     end = min(N, start + width)

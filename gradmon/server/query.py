@@ -20,8 +20,10 @@ __all__ = ["EXACT_READ_MAX", "READ_MAX", "HistoryPlan", "plan_history"]
 
 EXACT_READ_MAX = 32_768  # step records a history request may read back from the file...
 # ...or, so that even a range too short for the pyramid gets half the points asked for (the base
-# level has 4 points per BUCKET records: 16 records per point asked for), up to this many.
+# level has up to 4 points per BUCKET records: 16 records per point asked for, plus an eighth for
+# the buckets whose first/last/min/max coincide), up to this many.
 READ_MAX = 131_072
+RECORDS_PER_POINT = BUCKET // 8 + BUCKET // 64  # 18
 
 
 @dataclass
@@ -65,7 +67,7 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
     buckets = max(1, points // 4)
     nodes = view.cover(start, end, buckets)
     count = sum(view.count(nd) for nd in nodes)
-    read_max = min(max(EXACT_READ_MAX, 16 * points), READ_MAX)
+    read_max = min(max(EXACT_READ_MAX, RECORDS_PER_POINT * points), READ_MAX)
     if count <= points:
         plan = _read_plan(view, start, end, read_max, cursor, replaced, exact=True)
         if plan is not None:
@@ -83,8 +85,9 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
         pts.sort(key=itemgetter(0))  # nodes of a later segment come after the older ones it left standing
         series[name] = ([p[0] for p in pts], [p[1] for p in pts])
     # Even base buckets give too few points (up to 4 each, fewer where first/last/min/max coincide):
-    # read the range back instead, when it is short enough.
-    kept = max((len(steps) for steps, _values in series.values()), default=0) + 4 * len(edges)
+    # read the range back instead, when it is short enough. The edge buckets are not counted: what
+    # they give is only known once read (a range that covers one step of a bucket gives one point).
+    kept = max((len(steps) for steps, _values in series.values()), default=0)
     if kept < points // 2 and count <= read_max:
         plan = _read_plan(view, start, end, read_max, cursor, replaced, exact=False)
         if plan is not None:
