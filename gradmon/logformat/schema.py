@@ -58,7 +58,7 @@ NOT_SERIES = frozenset({"step", "epoch", "ts", "schema", "pid", "rank", "world_s
 HISTORY_BASE_FIELDS = ("loss", "grad_norm", "clip_coef", "zscore", *FLAG_FIELDS)
 HISTORY_COUNTER_NAMES = ("clipped", "spikes", "skipped", "nonfinite")
 
-# Alarms (gradmon/alarms.py): the event kinds that open and close an incident, and the reasons an
+# Alarms (gradmon/logformat/alarms.py): the event kinds that open and close an incident, and the reasons an
 # incident opens for.
 ALARM_KINDS = ("alarm", "alarm_end")
 ALARM_REASONS = ("nonfinite", "grad_norm_spike", "loss_spike", "abort")

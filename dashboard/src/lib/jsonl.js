@@ -1,6 +1,6 @@
 /* JSON Lines decoding of gradmon run-log records (docs/format.md), for the browser and node.
  *
- * Mirrors gradmon/jsonl.py: non-finite floats arrive as the strings "NaN", "Infinity", "-Infinity"
+ * Mirrors gradmon/logformat/jsonl.py: non-finite floats arrive as the strings "NaN", "Infinity", "-Infinity"
  * and are decoded back to numbers everywhere except in text fields. A trailing partial line (no
  * "\n" yet) is never taken as a record. Logs of other writers are read by the format's
  * compatibility rules: a line without `type` but with an integer `step` is a step record, and the

@@ -1,4 +1,4 @@
-/* Field names of the run-log format (docs/format.md): the page's copy of gradmon/schema.py.
+/* Field names of the run-log format (docs/format.md): the page's copy of gradmon/logformat/schema.py.
  *
  * tests/test_schema.py checks that the two agree; change both together.
  */
@@ -26,7 +26,7 @@
     OVERFLOW_REASON: "overflow",
     // Numeric fields of a step record that are coordinates or bookkeeping, not series.
     NOT_SERIES: ["step", "epoch", "ts", "schema", "pid", "rank", "world_size"],
-    // Alarm events (gradmon/alarms.py): the kinds that open and close an incident, and its reasons.
+    // Alarm events (gradmon/logformat/alarms.py): the kinds that open and close an incident, and its reasons.
     ALARM_KINDS: ["alarm", "alarm_end"],
     ALARM_REASONS: ["nonfinite", "grad_norm_spike", "loss_spike", "abort"],
     // The alarm event's field with the step cell's forensics of the alarm's step, and its keys.
