@@ -339,8 +339,6 @@ class LossRise:
 def _describe(trigger: Trigger) -> str:
     if trigger.reason == "alarm":
         return f"alarm ({trigger.detail}) from step {trigger.incident_step}"
-    if trigger.reason == "skipped":
-        return f"{trigger.detail} from step {trigger.incident_step}"
     if trigger.reason == "rule":
         return f"user rule ({trigger.detail}) at step {trigger.incident_step}"
     return f"{trigger.detail} from step {trigger.incident_step}"
