@@ -42,7 +42,7 @@ class SpikeConfig:
     ``warmup``: finite steps that gather the EMA's statistics while the early rule judges (100;
     ZClip's paper: 25, undefended).
     ``alpha``: EMA decay of mean and variance (0.99, a ~100-step memory; ZClip: 0.97).
-    ``z_threshold``: z-score above which a norm is a spike (5.5; ZClip: 2.5).
+    ``z_threshold``: z-score above which a norm is a spike (7.5; ZClip: 2.5).
     ``early_window``: log-norms in the ring of the early rule, which judges during the warm-up
     (16; 0: no early rule, the warm-up is undefended as in ZClip). ``early_min``: finite norms
     before it judges (4: from the 5th step on). A norm is an early spike when its log is above
@@ -59,7 +59,7 @@ class SpikeConfig:
     mode: str = "off"
     warmup: int = 100
     alpha: float = 0.99
-    z_threshold: float = 5.5
+    z_threshold: float = 7.5
     early_window: int = EARLY_WINDOW
     early_min: int = EARLY_MIN
     early_z: float = EARLY_Z

@@ -48,3 +48,26 @@ def test_headroom_reports_the_closest_call():
 def test_detector_rate_counts_after_the_warm_up():
     records = steps([1.0] * 50)
     assert rules.detector_rate(records, 25, {10, 30, 40}) == 100.0 * 2 / 25
+
+
+def test_separability_marks_a_fault_that_only_the_loss_separates():
+    from benchmarks import alarms_separability as sep
+
+    # A heavy-tailed clean run: every 40th norm is 30x (a hard batch), the loss 5x there.
+    rng = [1.0 + 0.1 * ((i * 7) % 5) for i in range(400)]
+    norms = [30.0 * n if i % 40 == 39 else n for i, n in enumerate(rng)]
+    losses = [0.5 if i % 40 == 39 else 0.1 for i in range(400)]
+    clean = steps(norms, losses)
+    # The fault at step 301: a 20x norm (below the clean 30x) with a 300x loss.
+    faulty = steps([20.0, 1.0], [30.0, 0.1])
+    for i, r in enumerate(faulty):
+        r["step"] = 301 + i
+    records = {"clean": {"0": clean}, "faults": [{"fault": "f", "start": 301, "records": faulty}]}
+    scores = [{"must": True, "magnitude": 20.0, "detector_caught": False}]
+    doc = {"settings": [{"setting": "s", "records": records, "faults": scores}]}
+    result = sep.analyse([doc])
+    worst, fault = result["worst_clean"], result["faults"][0]
+    assert worst["norm_ratio"] > 25 and fault["norm_ratio"] < worst["norm_ratio"]
+    assert fault["loss_ratio"] > 100 > 10 > worst["loss_ratio"]
+    table = sep.render(result)
+    assert "fault s/f@301 | no |" in table and table.count("(below)") == 2  # z and norm ratio, not the loss

@@ -156,7 +156,7 @@ def test_spike_demo_defended_runs_finish_and_flag_the_faults(spike_run: dict[str
     assert records[-1]["steps"] == SPIKE_STEPS
 
     spike = steps[SPIKE_AT]
-    # judged by the early rule (issue 22): its score is spike_z * d / t, 5.5 x ~3 for a x1000 norm
+    # judged by the early rule (issue 22): its score is spike_z * d / t, 7.5 x ~3 for a x1000 norm
     assert spike.get("spike") is True and spike["zscore"] > 10, spike
     if variant == "clip":
         assert spike.get("clipped") is True and spike["clip_coef"] < 0.01 and not spike.get("skipped")
