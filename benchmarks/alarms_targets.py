@@ -42,9 +42,13 @@ def load(directory: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], d
     settings = [v[2] for v in by_setting.values()]
     suite = None
     if by_setting:
-        first = next(iter(by_setting.values()))[1]
+        docs = sorted({id(v[1]): (v[0], v[1]) for v in by_setting.values()}.values(), key=lambda x: x[0])
+        first = docs[0][1]
         suite = {**first, "settings": settings, "wall_s": sum(s.get("seconds", 0.0) for s in settings)}
         suite.pop("examples", None)
+        if len(docs) == 1 and docs[0][1].get("examples"):  # one whole suite: its example runs too
+            suite["examples"] = docs[0][1]["examples"]
+            suite["wall_s"] = docs[0][1].get("wall_s", suite["wall_s"])
     return suite, settings, converged
 
 
@@ -78,16 +82,20 @@ def summary(settings: list[dict[str, Any]], converged: dict[str, Any] | None) ->
     return out
 
 
-def render_targets(before: dict[str, Any], after: dict[str, Any]) -> str:
+def render_targets(before: dict[str, Any], after: dict[str, Any], middle: dict[str, Any] | None = None,
+                   middle_label: str = "main before this change") -> str:
+    """The targets table: ``before`` and ``after``, and ``middle`` between them when given."""
+    sides = [before, *([middle] if middle is not None else []), after]
+
     def one(value: Any, fmt: str) -> str:
         missing = value is None or (isinstance(value, float) and math.isnan(value))
         return "—" if missing else format(value, fmt)
 
     def pair(key: str, fmt: str = ".2f") -> list[str]:
-        return [one(before.get(key), fmt), one(after.get(key), fmt)]
+        return [one(side.get(key), fmt) for side in sides]
 
     def frac(key: str) -> list[str]:
-        return [f"{before[key][0]}/{before[key][1]}", f"{after[key][0]}/{after[key][1]}"]
+        return [f"{side[key][0]}/{side[key][1]}" for side in sides]
 
     rows = [
         ["all finite ≥10× faults flagged by the detector within 1 step", "all", *frac("big_caught")],
@@ -97,14 +105,16 @@ def render_targets(before: dict[str, Any], after: dict[str, Any]) -> str:
         ["… mean of the 8 clean runs", "", *pair("flags_per_100_mean")],
         ["detector flags per 100 steps after step 10, 20k-step converged run", "≤ 0.2",
          *pair("converged_flags_per_100", ".3f")],
-        ["alarms on the 8 clean 1,000-step runs", "0 each",
-         ", ".join(map(str, before["clean_alarms"])), ", ".join(map(str, after["clean_alarms"]))],
+        ["alarms on the 8 clean 1,000-step runs", "0 each", *(", ".join(map(str, side["clean_alarms"]))
+                                                           for side in sides)],
         ["alarms on the 20k-step converged run", "0", *pair("converged_alarms", "d")],
         ["must faults (≥10× or non-finite) alarmed within 1 step", "", *frac("must_alarmed")],
     ]
-    text = table(["target (issue 22)", "goal", "before (main)", "after"], rows)
-    text += ("\n\nFinite ≥10× faults the detector missed — before: " + (", ".join(before["missed"]) or "none")
-             + "; after: " + (", ".join(after["missed"]) or "none") + ".\n")
+    labels = ["before (main)", *([middle_label] if middle is not None else []), "after"]
+    text = table(["target (issue 22)", "goal", *labels], rows)
+    missed = "; ".join(f"{label}: " + (", ".join(side["missed"]) or "none")
+                       for label, side in zip(labels, sides))
+    text += "\n\nFinite ≥10× faults the detector missed — " + missed + ".\n"
     return text
 
 
@@ -129,20 +139,27 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--before", required=True)
     p.add_argument("--after", required=True)
+    p.add_argument("--middle", help="a third side between them (e.g. main before this change)")
+    p.add_argument("--middle-label", default="main before this change")
+    p.add_argument("--note", default="", help="a sentence on what --after is (in the written ALARMS.md)")
     p.add_argument("--write", action="store_true", help="write benchmarks/ALARMS.md from --after")
     a = p.parse_args(argv)
     _, before_settings, before_conv = load(a.before)
     suite, after_settings, after_conv = load(a.after)
-    text = render_targets(summary(before_settings, before_conv), summary(after_settings, after_conv))
+    middle = summary(*load(a.middle)[1:]) if a.middle else None
+    text = render_targets(summary(before_settings, before_conv), summary(after_settings, after_conv),
+                          middle, a.middle_label)
     text += replay_note(before_conv, after_conv)
     print(text)
     if a.write and suite is not None:
         body = render(suite)
         title, rest = body.split("\n", 1)
         note = ("Before: main at the start of issue 22 (detector: ZClip 50 / 0.99 / 5.0 without the early "
-                "rule; alarm rule without `norm_floor`/`loss_floor`); after: this code. Both sides "
-                "trained the same suite (`python -m benchmarks.alarms --settings ... --no-examples`, one "
-                "setting per process) and the 20k-step run (`python -m benchmarks.alarms_converged`).\n\n")
+                "rule; alarm rule without `norm_floor`/`loss_floor`); after: this code. Every side "
+                "trained the same suite (`python -m benchmarks.alarms`, whole or one `--settings` per "
+                "process: the same seeds, steps and faults) and the 20k-step run "
+                "(`python -m benchmarks.alarms_converged`).")
+        note += (" " + a.note if a.note else "") + "\n\n"
         if not suite.get("examples"):
             note += "The example runs (demo, spike demo) were not part of these runs.\n\n"
         head = f"{title}\n\n## Issue 22 targets, before and after\n\n{note}"
