@@ -121,18 +121,20 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=20000)
     p.add_argument("--mode", choices=("GRAPH", "PYNATIVE"), default="GRAPH")
+    p.add_argument("--seed", type=int, default=0, help="data, weights and shuffling (the report's run: 0)")
     p.add_argument("--out-dir", default=str(HERE / "out"))
     p.add_argument("--keep-records", action="store_true", help="keep the step records in the JSON file")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gradmon-converged-") as tmp:
         log_file = Path(tmp) / "metrics.jsonl"
-        seconds = train(log_file, a.steps, a.mode)
+        seconds = train(log_file, a.steps, a.mode, seed=a.seed)
         doc = score(log_file)
-    doc.update(seconds=seconds, mode=a.mode, requested_steps=a.steps)
+    doc.update(seconds=seconds, mode=a.mode, requested_steps=a.steps, seed=a.seed)
     if not a.keep_records:
         doc.pop("records")
     os.makedirs(a.out_dir, exist_ok=True)
-    out = Path(a.out_dir) / "alarms-converged.json"
+    name = "alarms-converged.json" if a.seed == 0 else f"alarms-converged-seed{a.seed}.json"
+    out = Path(a.out_dir) / name
     out.write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
     print(f"{doc['steps']} steps in {seconds:.0f} s: {len(doc['alarms'])} alarms, "
           f"{len(doc['detector_flags_after_10'])} detector flags after step {EARLY_STEP} "
