@@ -53,7 +53,8 @@ class SpikeConfig:
     removes at a converged Adam run's noise floor are what kept that run converged.
 
     The defaults are measured (docs/cells.md, "Why these defaults"): ZClip's own flag 3-6 % of the
-    ordinary steps of small-data CPU runs; these flag at most 0.1 % after step 10.
+    ordinary steps of small-data CPU runs; these flag none of the suite's clean steps after step 10
+    and 0.18 % of the steps of a 20k-step run at its noise floor (benchmarks/ALARMS.md).
     """
 
     mode: str = "off"
