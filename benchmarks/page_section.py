@@ -26,13 +26,14 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from benchmarks.runlogs import ensure_run_log, generate_run_log, step_record
-from benchmarks.server_harness import http_get, serve, server_unavailable_reason
+from benchmarks.server_harness import free_port, http_get, serve, server_unavailable_reason, stop_process
 from gradmon.logformat.alarms import AlarmConfig
 from gradmon.logformat.jsonl import encode_record
 
@@ -238,6 +239,28 @@ _READY = """([n, timeoutMs]) => new Promise((resolve, reject) => {
 })"""
 
 
+# Resolves when the first viewport is drawn: every chart card overlapping the 1400x900 viewport
+# drew all ``n`` runs (the handle's ``drawnRuns``), then two animation frames (painted). On a page
+# without ``drawnRuns`` (an older build, which draws every chart near the viewport in one task
+# before the browser paints), it is _READY's moment. Returns {ms, cards}.
+_VIEWPORT_READY = """([n, timeoutMs]) => new Promise((resolve, reject) => {
+  const t0 = performance.now();
+  const inView = () => Array.from(document.querySelectorAll('.chart-card[data-panel]')).filter(c => {
+    const r = c.getBoundingClientRect(); return r.top < innerHeight && r.bottom > 0 && r.width > 0; });
+  const tick = () => {
+    const g = window.gradmon;
+    if (performance.now() - t0 > timeoutMs) return reject(new Error('viewport not drawn'));
+    const cards = g && g.drawnRuns ? inView() : [];
+    if (cards.length && cards.every(c => g.drawnRuns(c.dataset.panel) >= n))
+      return requestAnimationFrame(() => requestAnimationFrame(() =>
+        resolve({ms: performance.now(), cards: cards.length})));
+    if (g && !g.drawnRuns) return resolve(null);
+    requestAnimationFrame(tick);
+  };
+  tick();
+})"""
+
+
 # Where chart_ready_ms goes: the page's scripts run (DOMContentLoaded), the history request sent and
 # answered (navigation start -> each), from the browser's own timings.
 _LOAD_PARTS = """() => {
@@ -257,6 +280,22 @@ _REQUESTS = """() => {
 }"""
 
 
+# Where the time goes, from navigation start: the page's scripts fetched, the run list and the
+# history requests sent and answered (first sent, last answered). ms; None where not requested.
+_PARTS = """() => {
+  const res = performance.getEntriesByType('resource');
+  const scripts = res.filter(e => /[.]js$/.test(e.name.split('?')[0]));
+  const runs = res.filter(e => /[/]api[/]runs$/.test(e.name.split('?')[0]));
+  const hist = res.filter(e => e.name.includes('/history'));
+  const max = (xs, k) => xs.length ? Math.max(...xs.map(e => e[k])) : null;
+  const min = (xs, k) => xs.length ? Math.min(...xs.map(e => e[k])) : null;
+  return {scripts_fetched_ms: max(scripts, 'responseEnd'),
+          script_kb: scripts.reduce((a, e) => a + e.encodedBodySize, 0) / 1e3,
+          runs_sent_ms: min(runs, 'startTime'), runs_answered_ms: min(runs, 'responseEnd'),
+          history_sent_ms: min(hist, 'startTime'), history_answered_ms: max(hist, 'responseEnd')};
+}"""
+
+
 def _history_bytes(page: Any) -> int:
     return int(page.evaluate("""() => performance.getEntriesByType('resource')
         .filter(e => e.name.includes('/history')).reduce((a, e) => a + e.encodedBodySize, 0)"""))
@@ -268,12 +307,17 @@ def load_page(browser: Any, url: str, runs: int, timeout_ms: float = 120_000) ->
     try:
         page = ctx.new_page()
         page.goto(url, wait_until="commit", timeout=timeout_ms)
+        viewport = page.evaluate(_VIEWPORT_READY, [runs, timeout_ms])
         ready = page.evaluate(_READY, [runs, timeout_ms])
+        if viewport is None:  # (an older build: the viewport is painted with the rest)
+            viewport = {"ms": ready, "cards": None}
         cdp = ctx.new_cdp_session(page)
         cdp.send("HeapProfiler.collectGarbage")
         heap = cdp.send("Runtime.getHeapUsage")["usedSize"]
         parts = page.evaluate(_REQUESTS)
-        return {"ready_ms": ready, "heap_mb": heap / 1e6, "history_bytes": _history_bytes(page), **parts}
+        return {"viewport_ms": viewport["ms"], "viewport_cards": viewport["cards"], "ready_ms": ready,
+                "heap_mb": heap / 1e6, "history_bytes": _history_bytes(page), **parts,
+                **page.evaluate(_PARTS)}
     finally:
         ctx.close()
 
@@ -379,17 +423,27 @@ def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: s
 
 # ---------------------------------------------------------------------------- two builds
 
+# What compare_builds gives the median of, per build and case (load_page's keys).
+_COMPARED = ("viewport_ms", "ready_ms", "dom_content_loaded_ms", "requests", "script_requests", "script_kb",
+             "heap_mb", "runs_answered_ms", "history_sent_ms", "history_answered_ms")
+
+
 def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20_000,
-                   log: Callable[[str], None] = print) -> dict[str, Any]:
+                   log: Callable[[str], None] = print, tensorboard: str | None = None) -> dict[str, Any]:
     """The page's first paint, one and four runs of ``n`` steps, for each of ``trees`` (label ->
     a checkout with its page built; its server serves its own page) in the same run: every round
     opens each tree's page with one run and with four, in alternating order, each in a freshly
-    launched Chromium (1400x900). Medians of ``ready_ms`` (navigation start -> the first viewport's
-    charts drawn with every shown run), DOMContentLoaded and the requests."""
+    launched Chromium (1400x900). Medians of ``viewport_ms`` (navigation start -> every chart card
+    overlapping the viewport drawn with every shown run, painted), ``ready_ms`` (every chart near
+    the viewport drawn: the whole first pass), DOMContentLoaded, the requests and where the time
+    went. ``tensorboard``: a TensorBoard executable (its own environment); its default page on the
+    same runs as event files is opened in the same rounds (label ``tensorboard``, four runs: its
+    default shows every run), or the reason it is not is given as ``tensorboard_skipped``."""
     from playwright.sync_api import sync_playwright
 
     from benchmarks.bigruns import _server
 
+    out_dir = os.path.abspath(out_dir)  # (each server runs in its own tree)
     four = os.path.join(out_dir, "bigruns", f"four-{n}")
     if not os.path.exists(os.path.join(four, "diverged", "metrics.jsonl")):
         write_four_runs(four, n)
@@ -410,23 +464,139 @@ def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20
                     time.sleep(0.1)
             urls[label] = srv["url"]
         cases = [(label, case) for label in trees for case in ("one", "four")]
+        skipped = tensorboard_unavailable_reason(tensorboard) if tensorboard is not None else None
+        if tensorboard is not None and skipped is None:
+            assert tensorboard
+            tb_root = os.path.join(out_dir, "bigruns", f"four-{n}-tfevents")
+            log("  writing the runs as TensorBoard event files (once)")
+            ensure_tfevents(four, tb_root, tensorboard)
+            tb_log = os.path.join(out_dir, "server-page-tensorboard.log")
+            srv = stack.enter_context(serve_tensorboard(tensorboard, tb_root, tb_log, 4))
+            urls["tensorboard"] = srv["url"]
+            cases.append(("tensorboard", "four"))
         for r in range(rounds):
             for label, case in (cases if r % 2 == 0 else cases[::-1]):
                 browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                 try:
+                    if label == "tensorboard":
+                        got.setdefault((label, case), []).append(load_tensorboard(browser, urls[label], 4))
+                        continue
                     url = urls[label] + ("/?run=baseline" if case == "one" else "/")
                     got.setdefault((label, case), []).append(
                         load_page(browser, url, 1 if case == "one" else 4))
                 finally:
                     browser.close()
     out: dict[str, Any] = {"steps": n, "rounds": rounds}
+    if skipped:
+        out["tensorboard_skipped"] = skipped
     for (label, case), xs in got.items():
-        for key in ("ready_ms", "dom_content_loaded_ms", "requests", "script_requests", "heap_mb"):
-            out[f"{label}_{case}_{key}"] = statistics.median(x[key] for x in xs)
+        for key in _COMPARED:
+            vals = [x[key] for x in xs if x.get(key) is not None]
+            out[f"{label}_{case}_{key}"] = statistics.median(vals) if vals else None
         k = f"{label}_{case}_"
-        log(f"  {label} {case} run(s): ready {out[k + 'ready_ms']:.0f} ms, DOMContentLoaded "
-            f"{out[k + 'dom_content_loaded_ms']:.0f} ms, {out[k + 'requests']:.0f} requests")
+        log(f"  {label} {case} run(s): first viewport {out[k + 'viewport_ms']:.0f} ms, all near charts "
+            f"{out[k + 'ready_ms']:.0f} ms, DOMContentLoaded {out[k + 'dom_content_loaded_ms']:.0f} ms, "
+            f"{out[k + 'requests']:.0f} requests")
+    out["load_average"] = list(os.getloadavg())
     return out
+
+
+# ---------------------------------------------------------------------------- TensorBoard beside it
+
+# TensorBoard's default page (the time-series dashboard) "drawn": every scalar card overlapping the
+# viewport lists all ``n`` runs with a value in its data table (the card's data has reached it: the
+# same data its line chart draws), then two animation frames. Its charts are drawn by a web worker
+# on an OffscreenCanvas, which the page cannot observe: the worker's own drawing after that moment
+# is not counted (in TensorBoard's favour). Returns {ms, cards}.
+_TB_VIEWPORT_READY = r"""([n, timeoutMs]) => new Promise((resolve, reject) => {
+  const t0 = performance.now();
+  const tick = () => {
+    if (performance.now() - t0 > timeoutMs) return reject(new Error('TensorBoard not drawn'));
+    const cards = Array.from(document.querySelectorAll('scalar-card')).filter(c => {
+      const r = c.getBoundingClientRect(); return r.top < innerHeight && r.bottom > 0 && r.width > 0; });
+    const filled = c => Array.from(c.querySelectorAll('tb-data-table-content-row'))
+      .filter(r => /\d/.test(r.innerText)).length >= n;
+    if (cards.length && cards.every(filled))
+      return requestAnimationFrame(() => requestAnimationFrame(() =>
+        resolve({ms: performance.now(), cards: cards.length})));
+    requestAnimationFrame(tick);
+  };
+  tick();
+})"""
+
+
+def tensorboard_unavailable_reason(cmd: str | None) -> str | None:
+    """Why TensorBoard cannot be timed beside the page (None: it can). ``cmd``: its executable, in an
+    environment of its own (never a dependency of gradmon), whose ``python`` sits beside it."""
+    if not cmd:
+        return "no --tensorboard given (a TensorBoard executable, e.g. /work/tbvenv/bin/tensorboard)"
+    if not (os.path.isfile(cmd) and os.access(cmd, os.X_OK)):
+        return f"{cmd} is not an executable (python3 -m venv V && V/bin/pip install tensorboard==2.21.0)"
+    if not os.path.exists(os.path.join(os.path.dirname(cmd), "python")):
+        return f"no python beside {cmd} (it writes the runs as event files)"
+    return None
+
+
+def ensure_tfevents(runs_root: str, tb_root: str, cmd: str, names: tuple[str, ...] = FOUR_RUNS) -> None:
+    """The runs under ``runs_root`` as TensorBoard event files under ``tb_root`` (written once, by
+    TensorBoard's own writer in its environment: benchmarks/tb_events.py)."""
+    def written(name: str) -> bool:
+        d = os.path.join(tb_root, name)
+        return os.path.isdir(d) and any(f.startswith("events.out.tfevents") for f in os.listdir(d))
+
+    if all(written(name) for name in names):
+        return
+    shutil.rmtree(tb_root, ignore_errors=True)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tb_events.py")
+    shutil.rmtree(tb_root + ".part", ignore_errors=True)
+    subprocess.run([os.path.join(os.path.dirname(cmd), "python"), script, runs_root, tb_root + ".part"],
+                   check=True, stdout=subprocess.DEVNULL, timeout=1800)
+    os.replace(tb_root + ".part", tb_root)
+
+
+@contextlib.contextmanager
+def serve_tensorboard(cmd: str, logdir: str, out_log: str, runs: int,
+                      timeout: float = 300.0) -> Iterator[dict[str, Any]]:
+    """``tensorboard --logdir LOGDIR --host 127.0.0.1`` on a free port, yielded once every run's
+    scalar tags are loaded."""
+    port = free_port()
+    with open(out_log, "ab") as f:
+        proc = subprocess.Popen([cmd, "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)],
+                                stdout=f, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"tensorboard exited with {proc.returncode} (see {out_log})")
+            with contextlib.suppress(OSError, ValueError):
+                tags = json.loads(http_get(url + "/data/plugin/scalars/tags", 10)[1])
+                if len(tags) >= runs and all(len(t) >= len(FIELDS_CHARTED) for t in tags.values()):
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("tensorboard did not load the runs in time")
+            time.sleep(0.2)
+        yield {"url": url, "pid": proc.pid}
+    finally:
+        stop_process(proc, 30)
+
+
+# The step fields of the four-run set that both pages chart (benchmarks/tb_events.py writes these).
+FIELDS_CHARTED = ("loss", "grad_norm", "lr", "throughput", "step_time", "data_time", "clip_coef", "zscore")
+
+
+def load_tensorboard(browser: Any, url: str, runs: int, timeout_ms: float = 120_000) -> dict[str, Any]:
+    """TensorBoard's default page in a fresh 1400x900 context: its first viewport drawn (above)."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        page = ctx.new_page()
+        page.goto(url + "/", wait_until="commit", timeout=timeout_ms)
+        drawn = page.evaluate(_TB_VIEWPORT_READY, [runs, timeout_ms])
+        parts = page.evaluate(_REQUESTS)
+        return {"viewport_ms": drawn["ms"], "viewport_cards": drawn["cards"], "ready_ms": drawn["ms"],
+                "heap_mb": None, **parts, **page.evaluate(_PARTS)}
+    finally:
+        ctx.close()
 
 
 # ---------------------------------------------------------------------------- screenshots
@@ -477,6 +647,9 @@ if __name__ == "__main__":
     parser.add_argument("--screenshots", metavar="DIR", help="where to write the PNGs")
     parser.add_argument("--compare", metavar="TREE",
                         help="a checkout with its page built (the previous release)")
+    parser.add_argument("--tensorboard", metavar="CMD",
+                        help="with --compare: also time TensorBoard's default page on the same runs, with "
+                             "this tensorboard executable (its own venv; e.g. /work/tbvenv/bin/tensorboard)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(STATIC_INDEX), "..", "..",
@@ -485,7 +658,7 @@ if __name__ == "__main__":
     if args.compare:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         print(json.dumps(compare_builds({"prev": args.compare, "this": here}, args.rounds, args.out_dir,
-                                        args.steps), indent=1))
+                                        args.steps, tensorboard=args.tensorboard), indent=1))
     if args.screenshots:
         for shot in screenshots(args.screenshots, args.steps):
             print(shot)
