@@ -25,11 +25,11 @@
     }
 
     getJson(path, params) {
-      return this.answer(fetch(this.url(path, params), { cache: "no-store" }));
+      return this.bodyOf(fetch(this.url(path, params), { cache: "no-store" }));
     }
 
     /** The JSON body of a fetch() under way (one boot/early.js sent, or getJson's); an error status throws. */
-    async answer(pending) {
+    async bodyOf(pending) {
       const resp = await pending;
       let body = null;
       try {
