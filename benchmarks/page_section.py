@@ -239,22 +239,32 @@ _READY = """([n, timeoutMs]) => new Promise((resolve, reject) => {
 })"""
 
 
-# Resolves when the first viewport is drawn: every chart card overlapping the 1400x900 viewport
-# drew all ``n`` runs (the handle's ``drawnRuns``), then two animation frames (painted). On a page
-# without ``drawnRuns`` (an older build, which draws every chart near the viewport in one task
-# before the browser paints), it is _READY's moment. Returns {ms, cards}.
+# The first viewport drawn: every chart card overlapping the 1400x900 viewport drew all ``n`` runs
+# (the handle's ``drawnRuns``). Polled once per animation frame, and timed by that frame's own time
+# stamp: the first frame to begin with those charts drawn, i.e. right after the frame that painted
+# them (two more frames, as _READY waits, could include the drawing of the charts below the
+# viewport, which the page does a frame later). On a page without ``drawnRuns`` (an older build,
+# which draws every chart near the viewport in one task), the first frame to begin with _READY's
+# condition met. Returns {ms, cards}.
 _VIEWPORT_READY = """([n, timeoutMs]) => new Promise((resolve, reject) => {
   const t0 = performance.now();
+  let before = null, atData = null;
   const inView = () => Array.from(document.querySelectorAll('.chart-card[data-panel]')).filter(c => {
     const r = c.getBoundingClientRect(); return r.top < innerHeight && r.bottom > 0 && r.width > 0; });
-  const tick = () => {
+  const tick = (ts) => {
     const g = window.gradmon;
+    const now = ts === undefined ? performance.now() : ts;
     if (performance.now() - t0 > timeoutMs) return reject(new Error('viewport not drawn'));
-    const cards = g && g.drawnRuns ? inView() : [];
-    if (cards.length && cards.every(c => g.drawnRuns(c.dataset.panel) >= n))
-      return requestAnimationFrame(() => requestAnimationFrame(() =>
-        resolve({ms: performance.now(), cards: cards.length})));
-    if (g && !g.drawnRuns) return resolve(null);
+    if (g && g.drawnRuns) {
+      const cards = inView();
+      if (cards.length && cards.every(c => g.drawnRuns(c.dataset.panel) >= n))
+        return resolve({ms: now, cards: cards.length});
+    } else if (g && g.selected().length >= n && g.selected().every(r => g.pointCount(r, 'loss') > 0)) {
+      const done = g.loaded
+        ? g.loaded().length >= n && !g.board.dirty && !g.board.frame && g.renderCount() > 0
+        : (atData = atData === null ? before : atData, g.renderCount() > atData);
+      if (done) return resolve({ms: now, cards: null});
+    } else if (g) before = g.renderCount();
     requestAnimationFrame(tick);
   };
   tick();
@@ -309,8 +319,6 @@ def load_page(browser: Any, url: str, runs: int, timeout_ms: float = 120_000) ->
         page.goto(url, wait_until="commit", timeout=timeout_ms)
         viewport = page.evaluate(_VIEWPORT_READY, [runs, timeout_ms])
         ready = page.evaluate(_READY, [runs, timeout_ms])
-        if viewport is None:  # (an older build: the viewport is painted with the rest)
-            viewport = {"ms": ready, "cards": None}
         cdp = ctx.new_cdp_session(page)
         cdp.send("HeapProfiler.collectGarbage")
         heap = cdp.send("Runtime.getHeapUsage")["usedSize"]
@@ -501,24 +509,68 @@ def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20
     return out
 
 
+def compare_chart_ready(trees: dict[str, str], rounds: int, out_dir: str, n: int = 1_000_000,
+                        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """``chart_ready_ms`` of the section (one run of ``n`` records, ``?run=``) for each of
+    ``trees`` in the same run: each tree's server on the same log, indexed first; every round opens
+    each page once, in alternating order, in a freshly launched Chromium. Medians."""
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks.bigruns import _server
+
+    out_dir = os.path.abspath(out_dir)
+    name = f"r{n}"
+    root = os.path.join(out_dir, "bigruns", name)
+    ensure_run_log(os.path.join(root, name, "metrics.jsonl"), n)
+    got: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
+    with contextlib.ExitStack() as stack, sync_playwright() as p:
+        urls = {}
+        for label, tree in trees.items():
+            srv = stack.enter_context(_server(tree, root, os.path.join(out_dir, f"server-ready-{label}.log")))
+            deadline = time.monotonic() + 600
+            while True:
+                try:
+                    _wait_indexed(srv["url"], 1, 600)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            urls[label] = srv["url"]
+        labels = list(trees)
+        for r in range(rounds):
+            for label in (labels if r % 2 == 0 else labels[::-1]):
+                browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                try:
+                    got[label].append(_first_paint(browser, f"{urls[label]}/?run={name}", 300_000))
+                finally:
+                    browser.close()
+    out: dict[str, Any] = {"records": n, "rounds": rounds}
+    for label, xs in got.items():
+        for key in ("chart_ready_ms", "dom_content_loaded_ms", "history_sent_ms", "history_answered_ms"):
+            out[f"{label}_{key}"] = statistics.median(x[key] for x in xs)
+        log(f"  {label}: chart ready {out[label + '_chart_ready_ms']:.0f} ms (1 run of {n:,} records)")
+    out["load_average"] = list(os.getloadavg())
+    return out
+
+
 # ---------------------------------------------------------------------------- TensorBoard beside it
 
 # TensorBoard's default page (the time-series dashboard) "drawn": every scalar card overlapping the
 # viewport lists all ``n`` runs with a value in its data table (the card's data has reached it: the
-# same data its line chart draws), then two animation frames. Its charts are drawn by a web worker
-# on an OffscreenCanvas, which the page cannot observe: the worker's own drawing after that moment
-# is not counted (in TensorBoard's favour). Returns {ms, cards}.
+# same data its line chart draws), timed as _VIEWPORT_READY is (the first animation frame to begin
+# so). Its charts are drawn by a web worker on an OffscreenCanvas, which the page cannot observe:
+# the worker's own drawing after that moment is not counted (in TensorBoard's favour). {ms, cards}.
 _TB_VIEWPORT_READY = r"""([n, timeoutMs]) => new Promise((resolve, reject) => {
   const t0 = performance.now();
-  const tick = () => {
+  const tick = (ts) => {
     if (performance.now() - t0 > timeoutMs) return reject(new Error('TensorBoard not drawn'));
     const cards = Array.from(document.querySelectorAll('scalar-card')).filter(c => {
       const r = c.getBoundingClientRect(); return r.top < innerHeight && r.bottom > 0 && r.width > 0; });
     const filled = c => Array.from(c.querySelectorAll('tb-data-table-content-row'))
       .filter(r => /\d/.test(r.innerText)).length >= n;
     if (cards.length && cards.every(filled))
-      return requestAnimationFrame(() => requestAnimationFrame(() =>
-        resolve({ms: performance.now(), cards: cards.length})));
+      return resolve({ms: ts === undefined ? performance.now() : ts, cards: cards.length});
     requestAnimationFrame(tick);
   };
   tick();
@@ -645,11 +697,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Screenshots of the page on the four-run set (docs/img), "
                                      "or this page against another build's (--compare).")
     parser.add_argument("--screenshots", metavar="DIR", help="where to write the PNGs")
-    parser.add_argument("--compare", metavar="TREE",
-                        help="a checkout with its page built (the previous release)")
+    parser.add_argument("--compare", metavar="[LABEL=]TREE", action="append",
+                        help="a checkout with its page built (the previous release; label 'prev'); repeat "
+                             "for more (LABEL=TREE), each timed beside this checkout ('this')")
     parser.add_argument("--tensorboard", metavar="CMD",
                         help="with --compare: also time TensorBoard's default page on the same runs, with "
                              "this tensorboard executable (its own venv; e.g. /work/tbvenv/bin/tensorboard)")
+    parser.add_argument("--chart-ready", type=int, metavar="N", default=0,
+                        help="with --compare: also chart_ready_ms of one run of N records for each tree")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(STATIC_INDEX), "..", "..",
@@ -657,8 +712,18 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.compare:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        print(json.dumps(compare_builds({"prev": args.compare, "this": here}, args.rounds, args.out_dir,
-                                        args.steps, tensorboard=args.tensorboard), indent=1))
+        trees = {}
+        for k, spec in enumerate(args.compare):
+            default = "prev" if k == 0 else f"tree{k}"
+            label, _, tree = spec.rpartition("=") if "=" in spec else (default, "", spec)
+            if not os.path.exists(os.path.join(tree, "gradmon", "static", "index.html")):
+                parser.error(f"{tree} has no built page: cd {tree}/dashboard && npm ci && npm run build")
+            trees[label] = tree
+        trees["this"] = here
+        result = compare_builds(trees, args.rounds, args.out_dir, args.steps, tensorboard=args.tensorboard)
+        if args.chart_ready:
+            result["chart_ready"] = compare_chart_ready(trees, args.rounds, args.out_dir, args.chart_ready)
+        print(json.dumps(result, indent=1))
     if args.screenshots:
         for shot in screenshots(args.screenshots, args.steps):
             print(shot)

@@ -208,7 +208,8 @@ def test_opening_asks_for_the_list_and_each_shown_history_once(logdir: Path, pag
     # boot/early.js sends these before the page's scripts are parsed; the page takes its answers
     # (window.GradmonEarly, then null) and asks for nothing twice, with the URL's runs or without.
     for k in range(3):
-        append(logdir / f"r{k}" / "metrics.jsonl", [header(t0=T0 + k)] + [step(s, t0=T0 + k) for s in range(1, 41)])
+        recs = [header(t0=T0 + k)] + [step(s, t0=T0 + k) for s in range(1, 41)]
+        append(logdir / f"r{k}" / "metrics.jsonl", recs)
     with start_server(logdir, "127.0.0.1", port=0) as server:
         for query, shown in (("", ["r2", "r1", "r0"]), ("?run=r0&run=gone&run=r2", ["r0", "r2"])):
             page.requests.clear()
@@ -224,9 +225,9 @@ def test_opening_asks_for_the_list_and_each_shown_history_once(logdir: Path, pag
             assert histories == sorted(shown), api  # one each, none for a run the list lacks
             # as many points as the page asks for before its charts exist: two per pixel of the width
             # a card gets in the laid-out grid (not the 900 px assumed before layout)
-            points = page.eval("""(() => { const L = window.GradmonLib;
-                return L.historyPoints(L.chartWidthIn(document.getElementById('charts').clientWidth), NaN) })()""")
-            assert points != page.eval("window.GradmonLib.historyPoints(window.GradmonLib.chartWidthIn(0), NaN)")
+            points = page.eval("""(() => { const L = window.GradmonLib, w = document.getElementById('charts');
+                return L.historyPoints(L.chartWidthIn(w.clientWidth), NaN) })()""")
+            assert points != page.eval("GradmonLib.historyPoints(GradmonLib.chartWidthIn(0), NaN)")
             assert all(f"points={points}" in u for u in api if "/history" in u), (points, api)
             assert page.eval("window.GradmonEarly") is None  # taken by the page
             assert page.eval("window.gradmon.state.fetches") == 1  # the list only: its histories came early
