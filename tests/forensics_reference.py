@@ -37,3 +37,16 @@ def mlp_grads(weights: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray,
 
 def norm_of(grads: Mapping[str, np.ndarray]) -> float:
     return float(np.sqrt(sum(float(np.sum(g * g)) for g in grads.values())))
+
+
+def tp_mlp_grads(weights: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+    """Gradients of the unsharded split MLP of tests/tp_train.py (``TPNet`` with world 1: tanh, relu,
+    linear, head; mean softmax cross-entropy over the batch) by parameter name."""
+    p = {k: torch.tensor(np.asarray(v, np.float64), requires_grad=True) for k, v in weights.items()}
+    h = torch.tanh(torch.tensor(np.asarray(x, np.float64)) @ p["w_in"] + p["b_in"])
+    h = torch.relu(h @ p["w_col"] + p["b_col"])
+    h = h @ p["w_row"] + p["b_row"]
+    logits = h @ p["w_out"] + p["b_out"]
+    value = torch.nn.functional.cross_entropy(logits, torch.tensor(np.asarray(y, np.int64)))
+    value.backward()
+    return {k: t.grad.numpy() for k, t in p.items()}
