@@ -26,8 +26,7 @@ import sys
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
-from mindspore import dataset as ds
-from mindspore.train import Callback, Model
+from mindspore.train import Model
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,6 +35,7 @@ from gradmon.cells import MonitoredTrainStep
 from examples.models import MLP
 from gradmon.monitor.callback import LiveMonitor
 from tests import tp_train
+from tests.dp_util import SaveWeightsAt, indexed_rank_dataset, poisoned_regression_data, start_data_parallel
 
 # Part 1: optimizer steps of ACCUM micro-batches of BATCH samples per rank.
 BATCH, ACCUM, STEPS, IN_DIM, OUT_DIM = 4, 2, 12, 32, 4
@@ -51,35 +51,12 @@ def fault_id(world: int) -> int:
 
 
 def global_data(world: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(0)
-    n = STEPS * ACCUM * BATCH * world
-    x = rng.random((n, IN_DIM), dtype=np.float32)
-    y = rng.standard_normal((n, OUT_DIM)).astype(np.float32)
-    x[fault_id(world)] *= 1000.0
-    return x, y
-
-
-class SaveBeforeFault(Callback):
-    """The weights after the optimizer step before FAULT_STEP (Model counts micro-steps)."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self.path = path
-
-    def on_train_step_end(self, run_context) -> None:
-        cb = run_context.original_args()
-        if cb.cur_step_num == (FAULT_STEP - 1) * ACCUM:
-            np.savez(self.path, **{p.name: p.asnumpy() for p in cb.train_network.weights})
+    return poisoned_regression_data(STEPS * ACCUM * BATCH * world, IN_DIM, OUT_DIM, fault_id(world))
 
 
 def accumulated_alarm(out: str, rank: int, world: int) -> None:
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-    ms.set_seed(0)
     x, y = global_data(world)
-    ids = np.arange(len(x), dtype=np.int32)
-    mine = slice(rank, None, world)
-    data = ds.NumpySlicesDataset({"x": x[mine], "y": y[mine], "index": ids[mine]}, shuffle=False)
-    data = data.batch(BATCH, drop_remainder=True)
+    data = indexed_rank_dataset(x, y, rank, world, BATCH)
     net = MLP(in_dim=IN_DIM, hidden=16, classes=OUT_DIM)
     loss_net = nn.WithLossCell(net, nn.MSELoss())
     cell = MonitoredTrainStep(loss_net, nn.SGD(net.trainable_params(), learning_rate=0.02), max_norm=5.0,
@@ -89,9 +66,10 @@ def accumulated_alarm(out: str, rank: int, world: int) -> None:
                           alarm_config={"min_history": 5}, config={"world": world})
     callbacks = [monitor]
     if rank == 0:
-        callbacks.append(SaveBeforeFault(os.path.join(out, "accum", "weights_before_fault.npz")))
+        # The weights after the optimizer step before FAULT_STEP (Model counts micro-steps).
+        path = os.path.join(out, "accum", "weights_before_fault.npz")
+        callbacks.append(SaveWeightsAt(path, (FAULT_STEP - 1) * ACCUM))
     Model(cell).train(1, data, callbacks=callbacks, dataset_sink_mode=False)
-    ms.reset_auto_parallel_context()
 
 
 def sharded_forensics(rank: int, world: int, strategy: str) -> dict:
@@ -112,13 +90,12 @@ def sharded_forensics(rank: int, world: int, strategy: str) -> dict:
 
 
 def main() -> None:
-    out = sys.argv[1]
-    ms.set_context(mode=ms.GRAPH_MODE)
-    from mindspore.communication import create_group, get_group_size, get_rank, init
+    from mindspore.communication import create_group
 
-    init()
-    rank, world = get_rank(), get_group_size()
+    out = sys.argv[1]
+    rank, world = start_data_parallel()
     accumulated_alarm(out, rank, world)
+    ms.reset_auto_parallel_context()
     create_group(tp_train.GROUP, list(range(world)))
     result = {"rank": rank, "world": world, "standalone": sharded_forensics(rank, world, "flat")}
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
