@@ -26,6 +26,8 @@ from tests import parity_util
 from tests.forensics_reference import mlp_grads
 
 mode = parity_util.mode  # the GRAPH / PYNATIVE fixture
+graph_mode = parity_util.graph_mode
+context_mode = parity_util.context_mode  # a mode by name, for tests parametrized on more than it
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,13 +35,6 @@ def _batches(steps: int, n: int = 8, in_dim: int = 16):
     rng = np.random.default_rng(1)
     return [(rng.random((n, in_dim), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32))
             for _ in range(steps)]
-
-
-@pytest.fixture
-def context_mode(request):
-    old = ms.get_context("mode")
-    yield lambda name: ms.set_context(mode=parity_util.MODES[name])
-    ms.set_context(mode=old)
 
 
 @pytest.mark.parametrize(("mode_name", "strategy"), [("GRAPH", "auto"), ("PYNATIVE", "auto"),
@@ -108,20 +103,15 @@ def test_bad_options_are_refused():
         MonitoredTrainStep(with_loss(net), opt, forensics_ids=8)
 
 
-def test_forensics_on_trains_the_same_weights_and_off_adds_nothing():
-    old = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    try:
-        runs = {}
-        for kw in ({}, {"forensics": 0}, {"forensics": 4}):
-            ms.set_seed(0)
-            net = MLP(in_dim=16, hidden=24)
-            cell = MonitoredTrainStep(with_loss(net), nn.SGD(net.trainable_params(), 0.1), **kw)
-            outs = [tuple(t.asnumpy().item() for t in cell(Tensor(x), Tensor(y))) for x, y in _batches(4)]
-            runs[kw.get("forensics")] = (outs, [p.asnumpy() for p in net.trainable_params()],
-                                         [p.name for p in cell.get_parameters()], cell)
-    finally:
-        ms.set_context(mode=old)
+def test_forensics_on_trains_the_same_weights_and_off_adds_nothing(graph_mode):
+    runs = {}
+    for kw in ({}, {"forensics": 0}, {"forensics": 4}):
+        ms.set_seed(0)
+        net = MLP(in_dim=16, hidden=24)
+        cell = MonitoredTrainStep(with_loss(net), nn.SGD(net.trainable_params(), 0.1), **kw)
+        outs = [tuple(t.asnumpy().item() for t in cell(Tensor(x), Tensor(y))) for x, y in _batches(4)]
+        runs[kw.get("forensics")] = (outs, [p.asnumpy() for p in net.trainable_params()],
+                                     [p.name for p in cell.get_parameters()], cell)
     default, off, on = runs[None], runs[0], runs[4]
     assert off[0] == default[0] and off[2] == default[2]  # outputs bit for bit, the same Parameters
     assert not hasattr(off[3], "forensics_layers") and off[3].grad_norm.per_tensor is False
