@@ -5,14 +5,15 @@ One job, two parts, so the test pays for one msrun start:
 1. **Data parallel with gradient accumulation** (``grad_accum_steps=ACCUM``, ``forensics``,
    ``forensics_ids``, ``Model.train`` with a ``LiveMonitor``). Rank ``r`` trains on the global rows
    ``r, r + world, ...`` with an ``index`` column of their global ids; one sample of rank
-   ``FAULT_RANK``'s ``FAULT_MICRO``-th micro-batch of optimizer step ``FAULT_STEP`` has its inputs
+   ``FAULT_RANK``'s micro-batch ``FAULT_MICRO`` (from 0) of optimizer step ``FAULT_STEP`` has its inputs
    multiplied by 1000. Rank 0 writes OUT/accum/metrics.jsonl and the weights before that optimizer
    step (OUT/accum/weights_before_fault.npz).
 2. **Hand-sharded parameters** (the column/row-split MLP of tests/tp_train.py,
    ``Parameter(layerwise_parallel=True)``, ``shard_group``): ``TP_STEPS`` steps with ``forensics``,
    in stand-alone mode with the explicit communication (``flat``) and inside ``DATA_PARALLEL``
    (``auto``: the fused kernel's per-tensor pass where built). Each rank writes what its rings hold
-   for every kept step and its weight slices before each step to OUT/tp.rank<N>.json.
+   for every kept step and its weight slices before each step to OUT/tp.rank<N>.json; inside data
+   parallel each optimizer step accumulates ``ACCUM`` micro-batches.
 
 Usage: ``msrun --worker_num=2 --local_worker_num=2 ... tests/dp_forensics_combos_train.py OUT``
 """
@@ -72,19 +73,28 @@ def accumulated_alarm(out: str, rank: int, world: int) -> None:
     Model(cell).train(1, data, callbacks=callbacks, dataset_sink_mode=False)
 
 
-def sharded_forensics(rank: int, world: int, strategy: str) -> dict:
-    """TP_STEPS steps of the split MLP (no fault); the rings' view of each kept step, newest first,
-    and this rank's weight slices before each step, oldest first."""
+def tp_batches(count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``count`` batches of inputs and labels of the split MLP, the same on every rank."""
+    rng = np.random.default_rng(11)
+    return [(rng.normal(size=(tp_train.BATCH, tp_train.D_IN)).astype(np.float32),
+             rng.integers(0, tp_train.CLASSES, tp_train.BATCH).astype(np.int32)) for _ in range(count)]
+
+
+def sharded_forensics(rank: int, world: int, strategy: str, accum: int = 1) -> dict:
+    """TP_STEPS optimizer steps of ``accum`` micro-batches of the split MLP (no fault): the rings'
+    view of each kept step, newest first, and this rank's weight slices before each step, oldest
+    first."""
     net = tp_train.TPNet(rank, world, poison_rank=1)
     opt = nn.SGD(net.trainable_params(), learning_rate=0.05)
     cell = MonitoredTrainStep(net, opt, max_norm=tp_train.MAX_NORM, history_size=8,
-                              shard_group=tp_train.GROUP,
-                              norm_strategy=strategy, forensics=TP_STEPS)
+                              shard_group=tp_train.GROUP, norm_strategy=strategy, forensics=TP_STEPS,
+                              grad_accum_steps=accum)
     weights = []
-    for x, y, _ in tp_train.batches()[:TP_STEPS]:
-        weights.append({p.name: p.asnumpy().astype(float).tolist() for p in net.trainable_params()})
+    for i, (x, y) in enumerate(tp_batches(TP_STEPS * accum)):
+        if i % accum == 0:
+            weights.append({p.name: p.asnumpy().astype(float).tolist() for p in net.trainable_params()})
         cell(Tensor(x), Tensor(y), Tensor(np.float32(0.0)))
-    return {"strategy": cell.gradmon_config()["norm_strategy"], "weights_before": weights,
+    return {"strategy": cell.gradmon_config()["norm_strategy"], "accum": accum, "weights_before": weights,
             "norms": cell.gradmon_read_history().column("grad_norm").tolist(),
             "forensics": [cell.gradmon_forensics(back) for back in range(TP_STEPS)]}
 
@@ -99,7 +109,7 @@ def main() -> None:
     create_group(tp_train.GROUP, list(range(world)))
     result = {"rank": rank, "world": world, "standalone": sharded_forensics(rank, world, "flat")}
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-    result["data_parallel"] = sharded_forensics(rank, world, "auto")
+    result["data_parallel"] = sharded_forensics(rank, world, "auto", accum=ACCUM)
     ms.reset_auto_parallel_context()
     with open(os.path.join(out, f"tp.rank{rank}.json"), "w", encoding="utf-8") as fh:
         json.dump(result, fh)

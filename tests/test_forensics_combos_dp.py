@@ -8,8 +8,9 @@ hand-sharded parameters (one msrun job: tests/dp_forensics_combos_train.py).
   float64 torch reference.
 - Hand-written tensor parallelism (``layerwise_parallel=True``, ``shard_group``): the per-layer
   norms of a sharded layer are the whole layer's (summed over its shards), equal on both ranks and
-  equal to the unsharded model's, in stand-alone mode and inside data parallel; there a rank's norm
-  is its own (its shards and the replicated layers).
+  equal to the unsharded model's, in stand-alone mode and inside data parallel with
+  ``grad_accum_steps=2`` (the mean over the micro-batches); there a rank's norm is its own (its
+  shards and the replicated layers).
 """
 
 from __future__ import annotations
@@ -100,14 +101,16 @@ def _unsharded(ranks: list[dict]) -> list[dict[str, np.ndarray]]:
 @pytest.mark.parametrize("mode", ["standalone", "data_parallel"])
 def test_a_sharded_layers_norm_is_the_whole_layers(run: Path, mode: str):
     from tests import dp_forensics_combos_train as script
-    from tests import tp_train
     from tests.forensics_reference import tp_mlp_grads
 
     ranks = [json.loads((run / f"tp.rank{r}.json").read_text())[mode] for r in range(WORLD)]
     assert {r["strategy"] for r in ranks} == ({"flat"} if mode == "standalone" else {ranks[0]["strategy"]})
-    batches = tp_train.batches()[:script.TP_STEPS]
-    for step, (full, (x, y, _)) in enumerate(zip(_unsharded(ranks), batches)):
-        grads = tp_mlp_grads(full, x, y)
+    n = ranks[0]["accum"]
+    assert n == (1 if mode == "standalone" else script.ACCUM)
+    batches = script.tp_batches(script.TP_STEPS * n)
+    for step, full in enumerate(_unsharded(ranks)):
+        micro = [tp_mlp_grads(full, x, y) for x, y in batches[step * n:(step + 1) * n]]
+        grads = {k: sum(g[k] for g in micro) / n for k in full}  # the step's mean over its micro-batches
         ref = {k: float(np.linalg.norm(g)) for k, g in grads.items()}
         back = script.TP_STEPS - 1 - step
         views = [r["forensics"][back] for r in ranks]
@@ -125,7 +128,8 @@ def test_a_sharded_layers_norm_is_the_whole_layers(run: Path, mode: str):
         if mode == "standalone":
             assert all("rank_norms" not in v for v in views)  # no data-parallel ranks to compare
             continue
-        # Under data parallel a rank's norm is its own: the replicated layers and its own shards.
+        # Under data parallel a rank's norm is its own (of its accumulated gradients): the replicated
+        # layers and its own shards.
         expected = []
         for rank in range(WORLD):
             sq = sum(float(np.sum(g * g)) for k, g in grads.items() if k not in SPLIT_AXIS)
