@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradmon.logformat.reader import read_records
 from tests.msrun_util import ROOT, run_msrun
 
 SCRIPT = ROOT / "tests" / "dp_forensics_combos_train.py"
@@ -39,13 +38,10 @@ def run(tmp_path_factory) -> Path:
 
 def test_an_accumulated_alarm_names_the_rank_the_layer_and_the_micro_batch_sample(run: Path):
     from tests import dp_forensics_combos_train as script
-    from tests.forensics_reference import mlp_grads, norm_of
+    from tests.forensics_reference import mlp_grads, norm_of, ranked_layer_norms, the_alarm
 
     path = run / "accum" / "metrics.jsonl"
-    records = list(read_records(path))
-    (alarm,) = [r for r in records if r.get("type") == "event" and r.get("kind") == "alarm"]
-    logged = next(line for line in path.read_text().splitlines() if '"kind":"alarm"' in line)
-    print("forensics event:", logged)  # the line as logged (pytest -s shows it)
+    records, alarm = the_alarm(path)
     assert alarm["step"] == script.FAULT_STEP and alarm["reason"] == "grad_norm_spike"
     steps = [r["step"] for r in records if r.get("type") == "step"]
     assert steps and max(steps) == script.STEPS  # the monitor counts optimizer steps
@@ -71,7 +67,7 @@ def test_an_accumulated_alarm_names_the_rank_the_layer_and_the_micro_batch_sampl
         local.append({k: sum(g[k] for g in micro) / n for k in weights})
     np.testing.assert_allclose(f["rank_norms"], [norm_of(g) for g in local], rtol=1e-4)
     mean = {k: sum(g[k] for g in local) / WORLD for k in weights}  # gradients_mean=True
-    ref = sorted(((k, float(np.linalg.norm(g))) for k, g in mean.items()), key=lambda kv: -kv[1])
+    ref = ranked_layer_norms(mean)
     assert [row["name"] for row in f["layers"]] == [k for k, _ in ref]  # the same order, top layer first
     np.testing.assert_allclose([row["grad_norm"] for row in f["layers"]], [v for _, v in ref], rtol=1e-4)
     np.testing.assert_allclose(alarm["value"], norm_of(mean), rtol=1e-4)
