@@ -35,7 +35,8 @@ from .norm_strategies import GlobalNorm
 from .options import StepOptions, check_stock_arguments
 from .parallel import read_parallel_setup
 from .snapshot import SnapshotMixin
-from .spike import initial_state, zclip_update
+from .spike import initial_state
+from .spike_kernel import SpikeDetector
 
 _add_into = ops.MultitypeFuncGraph("gradmon_add_into")
 _clear = ops.MultitypeFuncGraph("gradmon_clear")
@@ -186,6 +187,8 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
             # [finite steps seen, mean, variance, scale, early ring] of the detector: one read, one write.
             self.spike_state = Parameter(Tensor(initial_state(spike)), name="gradmon_spike_state",
                                          requires_grad=False)
+            # The update: one fused CPU kernel where it is available, else zclip_update's stock ops.
+            self.spike_detector = SpikeDetector(spike)
         if layer_stats:
             self.layer_sq = Parameter(Tensor(np.zeros(len(self.weight_names), np.float32)),
                                       name="gradmon_layer_sq", requires_grad=False)
@@ -330,8 +333,7 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
     def _spike_status(self, norm, finite):
         """``(zscore, spike, target)`` of the detector, its state advanced (off: ``(0, False, norm)``)."""
         if self.spike_on:
-            zscore, spike, target, state = zclip_update(norm, finite, self.spike_state, self.spike_warmup,
-                                                        self.spike_alpha, self.spike_z, self.spike_early)
+            zscore, spike, target, state = self.spike_detector(norm, finite, self.spike_state)
             ops.assign(self.spike_state, state)
             return zscore, spike, target
         return self._zero, self._false, norm
