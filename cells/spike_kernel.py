@@ -165,6 +165,11 @@ def detector_kernel_available() -> bool:
     return detector_kernel_unavailable_reason() is None
 
 
+def library_path() -> Path | None:
+    """The compiled library in use, or ``None`` when the kernel is not available."""
+    return None if detector_kernel_unavailable_reason() else _build["library"]
+
+
 def _element_type(dtype: Any) -> Any:
     return dtype.element_type() if hasattr(dtype, "element_type") else dtype
 
@@ -176,10 +181,14 @@ class FusedSpikeUpdate(ops.Custom):
     The outputs have the norm's shape (``new_state`` the state's); dtypes float32, bool, float32,
     float32."""
 
-    def __init__(self) -> None:
+    def __new__(cls, *args: Any, **kwargs: Any) -> FusedSpikeUpdate:
+        # Refused before the object exists: a half-built Primitive crashes when printed (a traceback).
         reason = detector_kernel_unavailable_reason()
         if reason is not None:
             raise DetectorKernelUnavailableError(f"the fused detector kernel is not available: {reason}")
+        return super().__new__(cls)
+
+    def __init__(self) -> None:
         super().__init__(f"{_build['library']}:GradmonSpikeUpdate", out_shape=self._infer_shape,
                          out_dtype=self._infer_dtype, func_type="aot")
 
@@ -238,4 +247,4 @@ class SpikeDetector(nn.Cell):
 
 __all__ = ["DetectorKernelFallbackWarning", "DetectorKernelUnavailableError", "FusedSpikeUpdate",
            "SpikeDetector", "detector_kernel_available", "detector_kernel_unavailable_reason",
-           "kernel_params"]
+           "kernel_params", "library_path"]
