@@ -66,8 +66,9 @@ def update_cells() -> tuple[dict[str, Any], tuple]:
 SPIKE_VARIANTS = {"gm_detect": "detect", "gm_spike_clip": "clip", "gm_spike_skip": "skip"}
 
 
-def step_cells() -> tuple[dict[str, Any], tuple]:
-    """The MLP step cells: plain, gm_clip, and each spike mode with the kernel and with the op path."""
+def step_cells(smoke: bool = False) -> tuple[dict[str, Any], tuple]:
+    """The MLP step cells: plain, gm_clip, and each spike mode with the kernel and with the op path
+    (``smoke``: plain and ``gm_spike_skip`` on both paths)."""
     from gradmon.cells import MonitoredTrainStep
     from mindspore import nn
 
@@ -75,14 +76,20 @@ def step_cells() -> tuple[dict[str, Any], tuple]:
 
     net, inputs = network_and_inputs("mlp")
     opt = nn.Adam(net.trainable_params(), learning_rate=1e-3)
-    cells: dict[str, Any] = {"plain": nn.TrainOneStepCell(net, opt),
-                             "gm_clip": MonitoredTrainStep(net, opt, max_norm=MAX_NORM)}
-    for name, mode in SPIKE_VARIANTS.items():
+    cells: dict[str, Any] = {"plain": nn.TrainOneStepCell(net, opt)}
+    if smoke:
+        variants = {"gm_spike_skip": "skip"}
+    else:
+        cells["gm_clip"] = MonitoredTrainStep(net, opt, max_norm=MAX_NORM)
+        variants = SPIKE_VARIANTS
+    for name, mode in variants.items():
         for path in ("kernel", "ops"):
             with detector_kernel_off(path == "ops"):
                 cell = MonitoredTrainStep(net, opt, max_norm=MAX_NORM, spike_mode=mode)
             assert cell.spike_detector.fused == (path == "kernel")
             cells[f"{name}_{path}"] = cell
+    if smoke:
+        return cells, inputs
     with detector_kernel_off(True):
         cells["gm_spike_skip_noearly_ops"] = MonitoredTrainStep(net, opt, max_norm=MAX_NORM,
                                                                 spike_mode="skip", spike_early_window=0)
@@ -96,6 +103,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--block-s", type=float, default=0.3)
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    p.add_argument("--smoke", action="store_true", help="seconds: one round, tiny blocks, skip only")
     a = p.parse_args()
     os.environ.setdefault("GLOG_v", "3")
     import mindspore as ms
@@ -107,10 +115,12 @@ def main() -> int:
     print(f"mode {a.mode}, clock {a.clock}, load average {os.getloadavg()}")
     parts = ["update", "step"] if a.part == "both" else [a.part]
     for part in parts:
-        cells, inputs = update_cells() if part == "update" else step_cells()
+        cells, inputs = update_cells() if part == "update" else step_cells(a.smoke)
         baseline = "ops" if part == "update" else "plain"
-        res = run_interleaved(cells, inputs, baseline=baseline, rounds=a.rounds, target_block_s=a.block_s,
-                              min_steps=3, max_steps=2000, warmup_steps=5, clock=a.clock)
+        timing = ({"rounds": 1, "target_block_s": 0.001, "min_steps": 2, "max_steps": 2, "warmup_steps": 1}
+                  if a.smoke else {"rounds": a.rounds, "target_block_s": a.block_s, "min_steps": 3,
+                                   "max_steps": 2000, "warmup_steps": 5})
+        res = run_interleaved(cells, inputs, baseline=baseline, clock=a.clock, **timing)
         print(f"{part}: {res['blocks']} blocks of {res['steps_per_block']} steps, baseline {baseline}")
         for name, v in res["variants"].items():
             per = v["ms_per_step"]["median"]

@@ -8,6 +8,8 @@ run both implementations too.)"""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -272,3 +274,14 @@ def test_kernel_refuses_inconsistent_inputs():
         detector(Tensor(np.float32(1.0)), Tensor(np.float32(1.0)), Tensor(state))
     with pytest.raises(TypeError, match="norm must have shape"):
         detector(Tensor(np.ones(2, np.float32)), Tensor(True), Tensor(state))
+
+
+def test_benchmark_smoke_times_both_paths():
+    # benchmarks/detector_kernel.py, in seconds: both paths build, run and are timed (no threshold).
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.detector_kernel", "--smoke"], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    for name in ("kernel", "gm_spike_skip_kernel", "gm_spike_skip_ops"):
+        assert any(line.split()[:1] == [name] and "ratio" in line for line in lines), proc.stdout
