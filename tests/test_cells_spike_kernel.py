@@ -7,6 +7,7 @@ run both implementations too.)"""
 
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 import sys
@@ -88,9 +89,14 @@ def _run(cell, norms: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(np.array([r[i] for r in rows]) for i in range(3))
 
 
-def test_available_here():
+def test_available_here_and_deep_copies():
     assert K.detector_kernel_available(), K.detector_kernel_unavailable_reason()
     assert K.library_path().name == "libgradmon_spike_detector.so"
+    config = SpikeConfig(mode="skip")
+    twin = copy.deepcopy(K.SpikeDetector(config))  # Primitive's own deepcopy would re-call __init__ wrongly
+    assert twin.fused
+    out = twin(Tensor(np.float32(2.0)), Tensor(True), Tensor(initial_state(config)))
+    assert out[3].asnumpy()[:3].tolist() == [1.0, 2.0, 0.0]
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
