@@ -65,8 +65,9 @@ class DetectorKernelFallbackWarning(RuntimeWarning):
 
 
 def kernel_params(config: SpikeConfig) -> np.ndarray:
-    """The kernel's float32 constants for ``config``, rounded as the op path rounds its Python
-    constants (``1 - alpha`` and ``z * z`` computed in float64, then float32)."""
+    """The kernel's float32 constants for ``config``, rounded as the op path's Python constants are
+    in PYNATIVE (``1 - alpha`` and ``z * z`` computed in float64, then float32; GRAPH mode evaluates
+    the op path's ``1.0 - alpha`` in float32, an ulp away for most alphas)."""
     early = config.early_rule()
     window, early_min, early_z, log_lo, log_hi, floor = early if early else (0, 0, 0.0, 0.0, 0.0, 0.0)
     z = config.z_threshold
