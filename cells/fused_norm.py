@@ -240,7 +240,8 @@ class FusedNormRecord(KernelOp):
     def _infer_shape(self, *shapes):
         name = type(self).__name__
         if len(shapes) < 4:
-            raise TypeError(f"{name} takes scale, loss, config, counts, then the tensors; got {len(shapes)} inputs")
+            raise TypeError(f"{name} takes scale, loss, config, counts, then the tensors; "
+                            f"got {len(shapes)} inputs")
         for i, want in ((2, (2,)), (3, (5,))):
             if tuple(shapes[i]) != want:
                 raise TypeError(f"{name}: input {i} must have shape {want}, got {tuple(shapes[i])}")
