@@ -23,6 +23,9 @@ Interface (what ``norm_strategy="fused"`` builds on)
   per tensor (``layer_stats``), from the same single pass.
 - :class:`FusedGlobalNorm` ``()``: ``op(scale, *grads)`` -> float32 ``|scale| * sqrt(sum)``: the norm
   in one launch (no separate sqrt kernel).
+- :class:`FusedNormRecord` ``(width)``: ``op(scale, loss, config, counts, *grads)`` -> the norm, whether
+  it is finite, and the step's history row, ring slot and counters for a ``MonitoredTrainStep`` with
+  its defaults (no clipping, detector or loss scale), where all of them follow from the norm.
 
 The primitives are built where the cell is built (``__init__``) and then are ordinary cell attributes:
 they work in a ``Cell.construct`` in GRAPH and PYNATIVE mode and inside ``@ms.jit`` functions.
