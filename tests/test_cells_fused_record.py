@@ -8,7 +8,13 @@ over runs with non-finite steps, without the skip, with gradient accumulation, a
 
 from __future__ import annotations
 
+import collections
 import math
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -178,3 +184,38 @@ def test_model_train_with_dataset_sink():
     assert snap_f.total_steps == 6 and snap_f.column("skipped").tolist() == [0, 0, 0, 0, 1, 0]
     np.testing.assert_array_equal(snap_f.rows, snap_s.rows)
     assert state_f == state_s
+
+
+_IR_SCRIPT = textwrap.dedent("""
+    import sys
+    import mindspore as ms, numpy as np
+    from mindspore import Tensor, nn
+    from examples.models import MLP, with_loss
+    from gradmon.cells import MonitoredTrainStep
+    for path in sys.argv[1:]:
+        ms.set_context(mode=ms.GRAPH_MODE, save_graphs=1, save_graphs_path=path)
+        ms.set_seed(0)
+        net = MLP(in_dim=16, hidden=24)
+        cell = MonitoredTrainStep(with_loss(net), nn.Adam(net.trainable_params(), 1e-3))
+        cell.fused_record = path.endswith("fused")
+        cell(Tensor(np.ones((8, 16), np.float32)), Tensor(np.zeros(8, np.int32)))
+""")
+
+
+def _primitives(ir_dir: Path) -> collections.Counter:
+    (validated,) = ir_dir.glob("*_validate_*.ir")
+    return collections.Counter(re.findall(r"= (PrimFunc_\w+|Prim\w*::\w+|[A-Z]\w+)\(", validated.read_text()))
+
+
+def test_the_defaults_graph_loses_the_record_kernels(tmp_path):
+    dirs = [tmp_path / "fused", tmp_path / "stock"]
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", _IR_SCRIPT, *map(str, dirs)], cwd=root, check=True, timeout=300,
+                   capture_output=True)
+    fused, stock = (_primitives(d) for d in dirs)
+    gone, added = stock - fused, fused - stock
+    # One Custom launch replaces the norm's Custom + Sqrt, IsFinite and the row's stack/cast/concat/mod/add.
+    assert fused["Custom"] == stock["Custom"] == 1
+    assert gone["PrimFunc_Sqrt"] == 1 and gone["PrimFunc_IsFinite"] == 1 and gone["PrimFunc_AssignAdd"] == 1
+    assert fused["ScatterUpdate"] == stock["ScatterUpdate"] == 1
+    assert sum(gone.values()) - sum(added.values()) >= 10, (gone, added)
