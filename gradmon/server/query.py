@@ -134,17 +134,17 @@ class _View:
         if level < 0:
             o = self.open
             return o is not None and o.lo <= end and o.hi >= start
-        lvl = self.pyramid.levels[level]
         width = FANOUT**level
         if self.buckets.gone_starts and self.buckets.all_gone(i * width, (i + 1) * width):
             return False  # every record under this node was replaced
-        return lvl.lo[i] <= end and lvl.hi[i] >= start
+        lo, hi = self.pyramid.levels[level].span(i)
+        return lo <= end and hi >= start
 
     def count(self, node: tuple[int, int]) -> int:
         level, i = node
         if level < 0:
             return self.open.n if self.open is not None else 0
-        return self.pyramid.levels[level].n[i]
+        return self.pyramid.levels[level].count(i)
 
     def cover(self, start: float, end: float, max_nodes: int) -> list[tuple[int, int]]:
         """Nodes ``(level, index)`` (level -1: the open bucket), in file order, that overlap the
@@ -223,7 +223,7 @@ class _View:
             return cursor
         base = self.pyramid.levels[0]
         if i + 1 < base.size:
-            return base.offset[i + 1]
+            return base.offset_at(i + 1)
         return self.open.offset if self.open is not None else cursor
 
     def must_split(self, node: tuple[int, int]) -> bool:
