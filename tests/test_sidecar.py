@@ -113,7 +113,7 @@ def _write(path: Path, lines: list[str], mode: str = "a") -> None:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(segments=st.lists(_segment, min_size=1, max_size=4), extras=st.lists(_extra, min_size=1, max_size=6),
        values=st.lists(_value, min_size=1, max_size=20), cut=st.floats(0.0, 1.0),
-       rotate=st.booleans(), restart=st.booleans(), tail=st.sampled_from([1, 2, 1024]))
+       rotate=st.booleans(), restart=st.booleans(), tail=st.sampled_from([1, 2, 256]))
 def test_the_sidecar_agrees_with_a_fresh_parse(segments, extras, values, cut, rotate, restart, tail):
     # tail: the stored pyramid levels are written every `tail` summaries (and at each checkpoint)
     with _tail_max(tail):
@@ -256,7 +256,7 @@ def test_a_state_file_naming_other_code_is_refused(log: Path, tmp_path: Path):
 
 
 def test_stored_levels_extended_as_the_log_grows_agree_with_a_fresh_parse(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(runs, "TAIL_MAX", 3)  # written every 3 summaries (1024 by default)
+    monkeypatch.setattr(runs, "TAIL_MAX", 3)  # written every 3 summaries (256 by default)
     path = make_run(tmp_path, "s", 2000)
     run = Run("r", str(path))
     drain(run, 8192)

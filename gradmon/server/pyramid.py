@@ -29,8 +29,9 @@ FANOUT = 4  # buckets of a level per bucket of the level above
 # Levels kept in a sidecar's files when there is one (levelfiles.py): the two finest hold 15/16 of
 # the buckets; the others (~4 MB for 10M steps of ten fields) stay in memory and in the checkpoint.
 STORED_LEVELS = 2
-# A stored level's tail is written once it holds this many summaries (~0.7 MB for ten fields).
-TAIL_MAX = 1024
+# A stored level's tail is written once it holds this many summaries (~180 KB for ten fields; the
+# write, on the event loop, packs them: ~1-3 ms).
+TAIL_MAX = 256
 
 
 def column_summary(values: Sequence[Any], steps: list[int]) -> tuple[list | None, bool]:

@@ -74,7 +74,7 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
             return plan
     series: dict[str, tuple[list[int], list[float]]] = {}
     inner = [nd for nd in nodes if not view.partial(nd, start, end)]
-    edges = [(view.node(nd).offset, view.node_end(nd, cursor), start, end,
+    edges = [(view.offset(nd), view.node_end(nd, cursor), start, end,
               view.buckets.partial.get(nd[1], ()) if nd[0] == 0 else ())
              for nd in nodes if view.partial(nd, start, end)]  # base buckets only, after refine_edges
     summaries = [view.node(nd) for nd in inner]
@@ -104,7 +104,7 @@ def _read_plan(view: _View, start: float, end: float, read_max: int, cursor: int
         return None
     ranges: list[tuple[int, int]] = []
     for nd in fine:
-        lo, hi = view.node(nd).offset, view.node_end(nd, cursor)
+        lo, hi = view.offset(nd), view.node_end(nd, cursor)
         if ranges and ranges[-1][1] == lo:
             ranges[-1] = (ranges[-1][0], hi)
         else:
@@ -195,9 +195,23 @@ class _View:
                        if self.overlaps((lv - 1, c), start, end))
         return out
 
+    def span(self, node: tuple[int, int]) -> tuple[float, float]:
+        level, i = node
+        if level < 0:
+            assert self.open is not None
+            return self.open.lo, self.open.hi
+        return self.pyramid.levels[level].span(i)
+
+    def offset(self, node: tuple[int, int]) -> int:
+        level, i = node
+        if level < 0:
+            assert self.open is not None
+            return self.open.offset
+        return self.pyramid.levels[level].offset_at(i)
+
     def partial(self, node: tuple[int, int], start: float, end: float) -> bool:
-        s = self.node(node)
-        return s.lo < start or s.hi > end or self.must_split(node)
+        lo, hi = self.span(node)  # (not self.node(): a Summary with every field is 10x the cost)
+        return lo < start or hi > end or self.must_split(node)
 
     def refine_edges(self, nodes: list[tuple[int, int]], start: float, end: float) -> list[tuple[int, int]]:
         """Split nodes that only partly overlap the range down to base buckets: their min/max may
