@@ -276,6 +276,18 @@ def test_stored_levels_extended_as_the_log_grows_agree_with_a_fresh_parse(tmp_pa
     assert_same_answers(again, path)
 
 
+def test_a_query_leaves_no_level_file_mapped(tmp_path: Path, monkeypatch):
+    # (the pages a query read would stay in the server's RSS while mapped)
+    monkeypatch.setattr(runs, "TAIL_MAX", 1)
+    path = make_run(tmp_path, "m", 3000)
+    run = Run("r", str(path))
+    drain(run)
+    stores = [lvl.store for lvl in run.index.steps.pyramid.levels[:2]]
+    assert all(s is not None and s.size > 0 for s in stores)
+    assert answer(run, 700, 1900, 40) == answer(fresh(path), 700, 1900, 40)
+    assert all(s._maps is None for s in stores)
+
+
 def test_a_sidecar_dropped_by_a_failed_write_keeps_the_stored_levels(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(runs, "TAIL_MAX", 2)
     path = make_run(tmp_path, "d", 3000)
