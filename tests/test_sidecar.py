@@ -25,6 +25,7 @@ from server_helpers import append, get_json, header, make_run, step, wait_for
 from gradmon.server import history, runs
 from gradmon.server.app import start_server
 from gradmon.server.history import HistoryOptions
+from gradmon.server.pyramid import STORED_LEVELS
 from gradmon.server.runs import Run
 from gradmon.server.sidecar import sidecar_dir
 
@@ -257,16 +258,18 @@ def test_a_state_file_naming_other_code_is_refused(log: Path, tmp_path: Path):
 
 def test_stored_levels_extended_as_the_log_grows_agree_with_a_fresh_parse(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(runs, "TAIL_MAX", 3)  # written every 3 summaries (256 by default)
-    path = make_run(tmp_path, "s", 2000)
+    path = make_run(tmp_path, "s", 12_000)  # then 36,000 steps: 281 base buckets, 5 levels
     run = Run("r", str(path))
-    drain(run, 8192)
-    for first in (2001, 4001):  # the log grows while served, the levels' files with it
-        append(path, [step(i, grad_norm=1.0 + (i % 7)) for i in range(first, first + 2000)])
-        drain(run, 8192)
+    drain(run, 1 << 16)
+    for first in (12_001, 24_001):  # the log grows while served, the levels' files with it
+        append(path, [step(i, grad_norm=1.0 + (i % 7)) for i in range(first, first + 12_000)])
+        drain(run, 1 << 16)
         pyramid = run.index.steps.pyramid
-        assert [lvl.stored > 0 for lvl in pyramid.levels[:2]] == [True, True]
-        assert all(lvl.tail < 3 for lvl in pyramid.levels[:2]) and pyramid.levels[2].store is None
+        stored = pyramid.levels[:STORED_LEVELS]
+        assert all(lvl.stored > 0 and lvl.tail < 3 for lvl in stored)
+        assert all(lvl.store is None for lvl in pyramid.levels[STORED_LEVELS:])
         assert_same_answers(run, path)
+    assert len(pyramid.levels) > STORED_LEVELS
     size0 = (Path(sidecar_dir(str(path))) / "lvl0.b").stat().st_size
     assert size0 == pyramid.levels[0].stored * 32
     run.close()  # the checkpoint writes the tails
@@ -282,7 +285,7 @@ def test_a_query_leaves_no_level_file_mapped(tmp_path: Path, monkeypatch):
     path = make_run(tmp_path, "m", 3000)
     run = Run("r", str(path))
     drain(run)
-    stores = [lvl.store for lvl in run.index.steps.pyramid.levels[:2]]
+    stores = [lvl.store for lvl in run.index.steps.pyramid.levels[:STORED_LEVELS]]
     assert all(s is not None and s.size > 0 for s in stores)
     assert answer(run, 700, 1900, 40) == answer(fresh(path), 700, 1900, 40)
     assert all(s._maps is None for s in stores)

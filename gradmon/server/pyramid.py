@@ -7,7 +7,7 @@ level that fits the requested points (``query.py``), so its cost depends on the 
 for, not on the run's length. Each base bucket also stores the byte offset of its first record: a
 sparse offset index, so a zoomed range is read back from the file at full resolution by seeking.
 Levels are stored column-wise in compact arrays (see benchmarks/README.md for the memory figures);
-with an index sidecar, the two finest levels live in its files (:meth:`Pyramid.attach`,
+with an index sidecar, the four finest levels live in its files (:meth:`Pyramid.attach`,
 ``levelfiles.py``: the only I/O, behind ``Level.store``), and only their newest summaries in memory.
 """
 
@@ -26,9 +26,9 @@ __all__ = ["BUCKET", "FANOUT", "STORED_LEVELS", "TAIL_MAX", "Level", "Pyramid", 
 
 BUCKET = 128  # step records per base bucket
 FANOUT = 4  # buckets of a level per bucket of the level above
-# Levels kept in a sidecar's files when there is one (levelfiles.py): the two finest hold 15/16 of
+# Levels kept in a sidecar's files when there is one (levelfiles.py): the four finest hold 255/256 of
 # the buckets; the others (~4 MB for 10M steps of ten fields) stay in memory and in the checkpoint.
-STORED_LEVELS = 2
+STORED_LEVELS = 4
 # A stored level's tail is written once it holds this many summaries (~180 KB for ten fields; the
 # write, on the event loop, packs them: ~1-3 ms).
 TAIL_MAX = 256

@@ -10,7 +10,7 @@ directories), and holds:
   row on. Little-endian raw arrays, append-only (``numpy.memmap`` reads them as they are; the server
   itself needs only the standard library). A zoom reads its rows back from these instead of
   decoding the log's lines (:func:`read_rows`).
-- ``lvl<L>.b`` / ``lvl<L>.f<k>``: the pyramid's two finest levels, which hold 15/16 of its
+- ``lvl<L>.b`` / ``lvl<L>.f<k>``: the pyramid's four finest levels, which hold 255/256 of its
   buckets (``levelfiles.py``): the index reads them through memory maps instead of holding them.
 - ``state``: a checkpoint of the rest of the index (the upper pyramid levels and the stored
   levels' newest summaries, segments, marks, events, eval, system, the alarm rule's state) at a
@@ -51,7 +51,7 @@ __all__ = ["FORMAT", "ColumnsRef", "Sidecar", "read_rows", "sidecar_dir"]
 
 log = logging.getLogger("gradmon.server")
 
-FORMAT = 2  # 2: the two finest pyramid levels in lvl.* files (levelfiles.py)
+FORMAT = 2  # 2: the four finest pyramid levels in lvl.* files (levelfiles.py)
 _HASHED = 65_536  # bytes of the log hashed at each end of the checkpointed part
 _ROW_FILES = (("offset", "q"), ("step", "q"), ("flags", "B"))
 _LITTLE = sys.byteorder == "little"
