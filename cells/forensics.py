@@ -6,7 +6,9 @@ A step cell built with ``forensics=K`` keeps, for each of its last ``K`` steps, 
   loss-scale unscaling), taken from the norm's own kernel pass (``GlobalNorm(per_tensor=True)``:
   the fused kernel's per-tensor sums, or the flat form's segment sum): no extra read of the
   gradients. One column per parameter, or per group of parameters (their common name prefix) when
-  a model has more than ``MAX_FORENSICS_COLUMNS`` (512) of them;
+  a model has more than ``MAX_FORENSICS_COLUMNS`` (512) of them. With hand-sharded parameters
+  (``shard_group``) the vector is taken after the norm's all-reduce over the group, so a sharded
+  layer's column is the whole layer's (tests/test_forensics_combos_dp.py);
 - under data parallel, every rank's own norm of that step (before the reduction), gathered with
   one ``AllGather`` of a scalar per step, so every rank holds every rank's value;
 - with ``forensics_ids=B``, the step's sample ids: the step's last input is a vector of ``B``

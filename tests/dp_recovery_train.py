@@ -11,30 +11,21 @@ import json
 import os
 import sys
 
-import mindspore as ms
-import numpy as np
-from mindspore import dataset as ds
 from mindspore import nn
-from mindspore.communication import get_group_size, get_rank, init
 from mindspore.train import Model
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples.models import MLP, with_loss
 from gradmon.monitor.callback import LiveMonitor
+from tests.dp_util import classification_data, shard_dataset, start_data_parallel
 
 
 def main() -> None:
     run_dir = sys.argv[1]
-    ms.set_context(mode=ms.GRAPH_MODE)
-    init()
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-    ms.set_seed(0)
-    rank, world = get_rank(), get_group_size()
-    rng = np.random.default_rng(0)
-    x = rng.random((16 * 16 * world, 16), dtype=np.float32)
-    y = rng.integers(0, 10, len(x)).astype(np.int32)
-    data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False, num_shards=world, shard_id=rank).batch(16)
+    rank, world = start_data_parallel()
+    x, y = classification_data(16 * 16 * world)
+    data = shard_dataset(x, y, rank, world, batch=16)
     net = MLP(in_dim=16, hidden=32)
     opt = nn.Adam(net.trainable_params(), learning_rate=0.01)
     from gradmon.cells import MonitoredTrainStep

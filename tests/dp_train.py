@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gradmon.cells import MonitoredTrainStep
 
 from examples.models import MLP, with_loss
+from tests.dp_util import start_data_parallel
 
 GLOBAL_BATCH = 16
 
@@ -59,11 +60,7 @@ def main() -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     rank, world = 0, 1
     if not args.reference:
-        from mindspore.communication import get_group_size, get_rank, init
-
-        init()
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-        rank, world = get_rank(), get_group_size()
+        rank, world = start_data_parallel()
     step = build(args.accum)
     monitor = None
     if args.log_dir:

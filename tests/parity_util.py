@@ -30,6 +30,24 @@ def mode(request):
     ms.set_context(mode=old)
 
 
+@pytest.fixture
+def graph_mode():
+    """Run the test in GRAPH mode, the mode before it restored after."""
+    old = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=old)
+
+
+@pytest.fixture
+def context_mode():
+    """``context_mode("GRAPH" | "PYNATIVE")`` switches the mode inside a test (for tests parametrized
+    on more than the mode); the mode before the test is restored after."""
+    old = ms.get_context("mode")
+    yield lambda name: ms.set_context(mode=MODES[name])
+    ms.set_context(mode=old)
+
+
 class TinyNet(nn.Cell):
     """Dense → Tanh → Dense with weights drawn from a fixed numpy seed (the same in every instance)."""
 

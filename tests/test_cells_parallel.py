@@ -29,7 +29,7 @@ from gradmon.cells.parallel import (
 from mindspore import Parameter, Tensor, nn, ops
 
 from examples.models import TinyTransformer, with_loss
-from tests.test_cells_train_step import graph_mode, mode  # noqa: F401 - the GRAPH/PYNATIVE fixtures
+from tests.parity_util import graph_mode, mode  # noqa: F401 - the GRAPH/PYNATIVE fixtures
 
 
 @pytest.fixture

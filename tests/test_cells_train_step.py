@@ -15,14 +15,7 @@ from examples.models import MLP, TinyTransformer, with_loss
 from tests import parity_util
 
 mode = parity_util.mode  # the GRAPH / PYNATIVE fixture
-
-
-@pytest.fixture
-def graph_mode():
-    old = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=old)
+graph_mode = parity_util.graph_mode
 
 
 def _make(kind: str) -> nn.Cell:

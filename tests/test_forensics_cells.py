@@ -26,6 +26,8 @@ from tests import parity_util
 from tests.forensics_reference import mlp_grads
 
 mode = parity_util.mode  # the GRAPH / PYNATIVE fixture
+graph_mode = parity_util.graph_mode
+context_mode = parity_util.context_mode  # a mode by name, for tests parametrized on more than it
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,13 +35,6 @@ def _batches(steps: int, n: int = 8, in_dim: int = 16):
     rng = np.random.default_rng(1)
     return [(rng.random((n, in_dim), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32))
             for _ in range(steps)]
-
-
-@pytest.fixture
-def context_mode(request):
-    old = ms.get_context("mode")
-    yield lambda name: ms.set_context(mode=parity_util.MODES[name])
-    ms.set_context(mode=old)
 
 
 @pytest.mark.parametrize(("mode_name", "strategy"), [("GRAPH", "auto"), ("PYNATIVE", "auto"),
@@ -89,6 +84,40 @@ def test_loss_scaled_forensics_are_unscaled_and_sample_ids_skip_the_network(mode
         np.testing.assert_allclose([got[k] for k in ref], list(ref.values()), rtol=2e-5, atol=1e-7)
 
 
+def test_accumulated_loss_scaled_forensics_are_the_mean_gradients_and_every_micro_batchs_ids(mode):
+    """grad_accum_steps=3 with loss scaling: each kept optimizer step's per-layer norms are those of
+    the unscaled mean gradient over its 3 micro-batches (float64 torch), the norm combines from them,
+    and its sample ids are the 3 micro-batches' in order; the step under way is not reported."""
+    n, b, steps = 3, 8, 3
+    ms.set_seed(0)
+    net = MLP(in_dim=16, hidden=24)
+    cell = MonitoredTrainStepWithLossScale(with_loss(net), nn.SGD(net.trainable_params(), 0.1),
+                                           Tensor(1024.0, ms.float32), grad_accum_steps=n, forensics=2,
+                                           forensics_ids=b)
+    batches = _batches(steps * n + 1)
+    expected, norms = [], []
+    for step in range(steps):
+        before = {p.name: p.asnumpy() for p in cell.weights}
+        micro = [mlp_grads(before, x, y, "ce") for x, y in batches[step * n:(step + 1) * n]]
+        expected.append({k: float(np.linalg.norm(sum(g[k] for g in micro) / n)) for k in before})
+        for m, (x, y) in enumerate(batches[step * n:(step + 1) * n]):
+            ids = np.arange(b, dtype=np.int32) + 100 * (step * n + m)
+            out = cell(Tensor(x), Tensor(y), Tensor(ids))
+        norms.append(float(out[1].asnumpy()))
+    x, y = batches[-1]
+    cell(Tensor(x), Tensor(y), Tensor(np.full(b, -1, np.int32)))  # a 4th step's first micro-batch
+    for back in (0, 1):
+        f = cell.gradmon_forensics(back)
+        step = steps - 1 - back
+        assert f["sample_ids"] == [[100 * (step * n + m) + i for m in range(n) for i in range(b)]]
+        got = {row["name"]: row["grad_norm"] for row in f["layers"]}
+        ref = expected[step]
+        np.testing.assert_allclose([got[k] for k in ref], list(ref.values()), rtol=2e-5, atol=1e-7)
+        combined = float(np.sqrt(sum(v * v for v in got.values())))
+        np.testing.assert_allclose(combined, norms[step], rtol=1e-5)
+    assert "missing" in cell.gradmon_forensics(2)  # forensics=2: the first step has left the ring
+
+
 def test_many_parameters_are_kept_as_groups(mode):
     names = [f"blocks.{i // 2}.w{i % 2}" for i in range(6)]
     ring = LayerRing(2, names, max_columns=3)
@@ -108,20 +137,15 @@ def test_bad_options_are_refused():
         MonitoredTrainStep(with_loss(net), opt, forensics_ids=8)
 
 
-def test_forensics_on_trains_the_same_weights_and_off_adds_nothing():
-    old = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    try:
-        runs = {}
-        for kw in ({}, {"forensics": 0}, {"forensics": 4}):
-            ms.set_seed(0)
-            net = MLP(in_dim=16, hidden=24)
-            cell = MonitoredTrainStep(with_loss(net), nn.SGD(net.trainable_params(), 0.1), **kw)
-            outs = [tuple(t.asnumpy().item() for t in cell(Tensor(x), Tensor(y))) for x, y in _batches(4)]
-            runs[kw.get("forensics")] = (outs, [p.asnumpy() for p in net.trainable_params()],
-                                         [p.name for p in cell.get_parameters()], cell)
-    finally:
-        ms.set_context(mode=old)
+def test_forensics_on_trains_the_same_weights_and_off_adds_nothing(graph_mode):
+    runs = {}
+    for kw in ({}, {"forensics": 0}, {"forensics": 4}):
+        ms.set_seed(0)
+        net = MLP(in_dim=16, hidden=24)
+        cell = MonitoredTrainStep(with_loss(net), nn.SGD(net.trainable_params(), 0.1), **kw)
+        outs = [tuple(t.asnumpy().item() for t in cell(Tensor(x), Tensor(y))) for x, y in _batches(4)]
+        runs[kw.get("forensics")] = (outs, [p.asnumpy() for p in net.trainable_params()],
+                                     [p.name for p in cell.get_parameters()], cell)
     default, off, on = runs[None], runs[0], runs[4]
     assert off[0] == default[0] and off[2] == default[2]  # outputs bit for bit, the same Parameters
     assert not hasattr(off[3], "forensics_layers") and off[3].grad_norm.per_tensor is False

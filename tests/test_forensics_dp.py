@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradmon.logformat.reader import read_records
 from tests.msrun_util import ROOT, run_msrun
 
 SCRIPT = ROOT / "tests" / "dp_forensics_train.py"
@@ -27,13 +26,9 @@ def run(tmp_path_factory):
 
 def test_the_alarm_names_the_rank_the_layer_and_the_sample(run: Path):
     from tests import dp_forensics_train as script
-    from tests.forensics_reference import mlp_grads, norm_of
+    from tests.forensics_reference import mlp_grads, norm_of, ranked_layer_norms, the_alarm
 
-    records = list(read_records(run / "metrics.jsonl"))
-    (alarm,) = [r for r in records if r.get("type") == "event" and r.get("kind") == "alarm"]
-    # The line as logged (pytest -s shows it).
-    print("forensics event:", next(line for line in (run / "metrics.jsonl").read_text().splitlines()
-                                   if '"kind":"alarm"' in line))
+    records, alarm = the_alarm(run / "metrics.jsonl")
     assert alarm["step"] == script.FAULT_STEP and alarm["reason"] == "grad_norm_spike"
     f = alarm["forensics"]
     assert f["step"] == script.FAULT_STEP and f["layer_count"] == 6 and f["grouped"] is False
@@ -53,7 +48,7 @@ def test_the_alarm_names_the_rank_the_layer_and_the_sample(run: Path):
     local = [mlp_grads(weights, x[rank_ids], y[rank_ids], "mse") for rank_ids in ids]
     np.testing.assert_allclose(f["rank_norms"], [norm_of(g) for g in local], rtol=1e-4)
     mean = {k: (local[0][k] + local[1][k]) / 2 for k in weights}  # gradients_mean=True
-    ref = sorted(((k, float(np.linalg.norm(g))) for k, g in mean.items()), key=lambda kv: -kv[1])
+    ref = ranked_layer_norms(mean)
     assert [row["name"] for row in f["layers"]] == [k for k, _ in ref]  # the same order, top layer first
     np.testing.assert_allclose([row["grad_norm"] for row in f["layers"]], [v for _, v in ref], rtol=1e-4)
     np.testing.assert_allclose(alarm["value"], norm_of(mean), rtol=1e-4)
