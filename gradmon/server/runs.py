@@ -164,7 +164,7 @@ class Run:
             self.sidecar = None
             try:
                 self.index.steps.pyramid.detach()  # before its files go
-            except OSError as exc2:  # (they cannot be read: index the log again, from memory)
+            except (OSError, ValueError) as exc2:  # (cannot be read: index the log again, from memory)
                 log.warning("index of %s lost with its sidecar (%s): re-indexing", self.path, exc2)
                 self._lost = True
             with contextlib.suppress(OSError):
@@ -253,6 +253,7 @@ class Run:
                 if sc.unflushed >= FLUSH_BYTES or not res.more:
                     self._with_sidecar(sc.flush)
                 self._with_sidecar(self.index.steps.pyramid.flush, TAIL_MAX)
+                self.index.steps.pyramid.release()  # (a map holds a descriptor: none outlives a poll)
             derived = self.index.derived.between(prev, self.tailer.offset)
             batch = Batch(self.tailer.gen, prev, self.tailer.offset, self.lines_to_send(parsed, derived),
                           self.index.status_records != marks_status,
