@@ -11,8 +11,11 @@ Playwright; no browser is ever downloaded).
 - The four-run set (``write_four_runs``: 4 runs x 20,000 steps, as in the issue's comparison with
   TensorBoard and trackio; 2,000 with ``--smoke``), opened with one run (``?run=baseline``) and with
   all four (the default view), alternately, a fresh browser context each time:
-  ``one_run_ready_ms`` / ``four_runs_ready_ms`` (median): navigation start -> every shown run's
-  history drawn, then two animation frames; ``one_run_heap_mb`` / ``four_runs_heap_mb`` (median):
+  ``one_run_viewport_ms`` / ``four_runs_viewport_ms`` (median): navigation start -> the first
+  viewport drawn (every chart card overlapping it drew every shown run; the first animation frame
+  to begin so); ``one_run_ready_ms`` / ``four_runs_ready_ms`` (median): navigation start -> every
+  shown run's history drawn in every chart near the viewport, then two animation frames;
+  ``one_run_heap_mb`` / ``four_runs_heap_mb`` (median):
   the page's JS heap after a forced GC (CDP ``Runtime.getHeapUsage``, 1 MB = 10^6 bytes);
   ``four_runs_history_kb``: the history responses' bodies.
 """
@@ -26,13 +29,14 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from benchmarks.runlogs import ensure_run_log, generate_run_log, step_record
-from benchmarks.server_harness import http_get, serve, server_unavailable_reason
+from benchmarks.server_harness import free_port, http_get, serve, server_unavailable_reason, stop_process
 from gradmon.logformat.alarms import AlarmConfig
 from gradmon.logformat.jsonl import encode_record
 
@@ -238,6 +242,38 @@ _READY = """([n, timeoutMs]) => new Promise((resolve, reject) => {
 })"""
 
 
+# The first viewport drawn: every chart card overlapping the 1400x900 viewport drew all ``n`` runs
+# (the handle's ``drawnRuns``). Polled once per animation frame, and timed by that frame's own time
+# stamp: the first frame to begin with those charts drawn, i.e. right after the frame that painted
+# them (two more frames, as _READY waits, could include the drawing of the charts below the
+# viewport, which the page does a frame later). On a page without ``drawnRuns`` (an older build,
+# which draws every chart near the viewport in one task), the first frame to begin with _READY's
+# condition met. Returns {ms, cards}.
+_VIEWPORT_READY = """([n, timeoutMs]) => new Promise((resolve, reject) => {
+  const t0 = performance.now();
+  let before = null, atData = null;
+  const inView = () => Array.from(document.querySelectorAll('.chart-card[data-panel]')).filter(c => {
+    const r = c.getBoundingClientRect(); return r.top < innerHeight && r.bottom > 0 && r.width > 0; });
+  const tick = (ts) => {
+    const g = window.gradmon;
+    const now = ts === undefined ? performance.now() : ts;
+    if (performance.now() - t0 > timeoutMs) return reject(new Error('viewport not drawn'));
+    if (g && g.drawnRuns) {
+      const cards = inView();
+      if (cards.length && cards.every(c => g.drawnRuns(c.dataset.panel) >= n))
+        return resolve({ms: now, cards: cards.length});
+    } else if (g && g.selected().length >= n && g.selected().every(r => g.pointCount(r, 'loss') > 0)) {
+      const done = g.loaded
+        ? g.loaded().length >= n && !g.board.dirty && !g.board.frame && g.renderCount() > 0
+        : (atData = atData === null ? before : atData, g.renderCount() > atData);
+      if (done) return resolve({ms: now, cards: null});
+    } else if (g) before = g.renderCount();
+    requestAnimationFrame(tick);
+  };
+  tick();
+})"""
+
+
 # Where chart_ready_ms goes: the page's scripts run (DOMContentLoaded), the history request sent and
 # answered (navigation start -> each), from the browser's own timings.
 _LOAD_PARTS = """() => {
@@ -257,6 +293,22 @@ _REQUESTS = """() => {
 }"""
 
 
+# Where the time goes, from navigation start: the page's scripts fetched, the run list and the
+# history requests sent and answered (first sent, last answered). ms; None where not requested.
+_PARTS = """() => {
+  const res = performance.getEntriesByType('resource');
+  const scripts = res.filter(e => /[.]js$/.test(e.name.split('?')[0]));
+  const runs = res.filter(e => /[/]api[/]runs$/.test(e.name.split('?')[0]));
+  const hist = res.filter(e => e.name.includes('/history'));
+  const max = (xs, k) => xs.length ? Math.max(...xs.map(e => e[k])) : null;
+  const min = (xs, k) => xs.length ? Math.min(...xs.map(e => e[k])) : null;
+  return {scripts_fetched_ms: max(scripts, 'responseEnd'),
+          script_kb: scripts.reduce((a, e) => a + e.encodedBodySize, 0) / 1e3,
+          runs_sent_ms: min(runs, 'startTime'), runs_answered_ms: min(runs, 'responseEnd'),
+          history_sent_ms: min(hist, 'startTime'), history_answered_ms: max(hist, 'responseEnd')};
+}"""
+
+
 def _history_bytes(page: Any) -> int:
     return int(page.evaluate("""() => performance.getEntriesByType('resource')
         .filter(e => e.name.includes('/history')).reduce((a, e) => a + e.encodedBodySize, 0)"""))
@@ -268,12 +320,15 @@ def load_page(browser: Any, url: str, runs: int, timeout_ms: float = 120_000) ->
     try:
         page = ctx.new_page()
         page.goto(url, wait_until="commit", timeout=timeout_ms)
+        viewport = page.evaluate(_VIEWPORT_READY, [runs, timeout_ms])
         ready = page.evaluate(_READY, [runs, timeout_ms])
         cdp = ctx.new_cdp_session(page)
         cdp.send("HeapProfiler.collectGarbage")
         heap = cdp.send("Runtime.getHeapUsage")["usedSize"]
         parts = page.evaluate(_REQUESTS)
-        return {"ready_ms": ready, "heap_mb": heap / 1e6, "history_bytes": _history_bytes(page), **parts}
+        return {"viewport_ms": viewport["ms"], "viewport_cards": viewport["cards"], "ready_ms": ready,
+                "heap_mb": heap / 1e6, "history_bytes": _history_bytes(page), **parts,
+                **page.evaluate(_PARTS)}
     finally:
         ctx.close()
 
@@ -287,6 +342,8 @@ def measure_four_runs(browser: Any, url: str, rounds: int) -> dict[str, Any]:
                                        1 if case == "one" else 4))
     med = lambda case, k: statistics.median(x[k] for x in got[case])  # noqa: E731
     return {
+        "one_run_viewport_ms": med("one", "viewport_ms"),
+        "four_runs_viewport_ms": med("four", "viewport_ms"),
         "one_run_ready_ms": med("one", "ready_ms"),
         "four_runs_ready_ms": med("four", "ready_ms"),
         "one_run_heap_mb": med("one", "heap_mb"),
@@ -379,17 +436,27 @@ def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: s
 
 # ---------------------------------------------------------------------------- two builds
 
+# What compare_builds gives the median of, per build and case (load_page's keys).
+_COMPARED = ("viewport_ms", "ready_ms", "dom_content_loaded_ms", "requests", "script_requests", "script_kb",
+             "heap_mb", "runs_answered_ms", "history_sent_ms", "history_answered_ms")
+
+
 def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20_000,
-                   log: Callable[[str], None] = print) -> dict[str, Any]:
+                   log: Callable[[str], None] = print, tensorboard: str | None = None) -> dict[str, Any]:
     """The page's first paint, one and four runs of ``n`` steps, for each of ``trees`` (label ->
     a checkout with its page built; its server serves its own page) in the same run: every round
     opens each tree's page with one run and with four, in alternating order, each in a freshly
-    launched Chromium (1400x900). Medians of ``ready_ms`` (navigation start -> the first viewport's
-    charts drawn with every shown run), DOMContentLoaded and the requests."""
+    launched Chromium (1400x900). Medians of ``viewport_ms`` (navigation start -> every chart card
+    overlapping the viewport drawn with every shown run, painted), ``ready_ms`` (every chart near
+    the viewport drawn: the whole first pass), DOMContentLoaded, the requests and where the time
+    went. ``tensorboard``: a TensorBoard executable (its own environment); its default page on the
+    same runs as event files is opened in the same rounds (label ``tensorboard``, four runs: its
+    default shows every run), or the reason it is not is given as ``tensorboard_skipped``."""
     from playwright.sync_api import sync_playwright
 
     from benchmarks.bigruns import _server
 
+    out_dir = os.path.abspath(out_dir)  # (each server runs in its own tree)
     four = os.path.join(out_dir, "bigruns", f"four-{n}")
     if not os.path.exists(os.path.join(four, "diverged", "metrics.jsonl")):
         write_four_runs(four, n)
@@ -410,23 +477,183 @@ def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20
                     time.sleep(0.1)
             urls[label] = srv["url"]
         cases = [(label, case) for label in trees for case in ("one", "four")]
+        skipped = tensorboard_unavailable_reason(tensorboard) if tensorboard is not None else None
+        if tensorboard is not None and skipped is None:
+            assert tensorboard
+            tb_root = os.path.join(out_dir, "bigruns", f"four-{n}-tfevents")
+            log("  writing the runs as TensorBoard event files (once)")
+            ensure_tfevents(four, tb_root, tensorboard)
+            tb_log = os.path.join(out_dir, "server-page-tensorboard.log")
+            srv = stack.enter_context(serve_tensorboard(tensorboard, tb_root, tb_log, 4))
+            urls["tensorboard"] = srv["url"]
+            cases.append(("tensorboard", "four"))
         for r in range(rounds):
             for label, case in (cases if r % 2 == 0 else cases[::-1]):
                 browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                 try:
+                    if label == "tensorboard":
+                        got.setdefault((label, case), []).append(load_tensorboard(browser, urls[label], 4))
+                        continue
                     url = urls[label] + ("/?run=baseline" if case == "one" else "/")
                     got.setdefault((label, case), []).append(
                         load_page(browser, url, 1 if case == "one" else 4))
                 finally:
                     browser.close()
     out: dict[str, Any] = {"steps": n, "rounds": rounds}
+    if skipped:
+        out["tensorboard_skipped"] = skipped
     for (label, case), xs in got.items():
-        for key in ("ready_ms", "dom_content_loaded_ms", "requests", "script_requests", "heap_mb"):
-            out[f"{label}_{case}_{key}"] = statistics.median(x[key] for x in xs)
+        for key in _COMPARED:
+            vals = [x[key] for x in xs if x.get(key) is not None]
+            out[f"{label}_{case}_{key}"] = statistics.median(vals) if vals else None
         k = f"{label}_{case}_"
-        log(f"  {label} {case} run(s): ready {out[k + 'ready_ms']:.0f} ms, DOMContentLoaded "
-            f"{out[k + 'dom_content_loaded_ms']:.0f} ms, {out[k + 'requests']:.0f} requests")
+        log(f"  {label} {case} run(s): first viewport {out[k + 'viewport_ms']:.0f} ms, all near charts "
+            f"{out[k + 'ready_ms']:.0f} ms, DOMContentLoaded {out[k + 'dom_content_loaded_ms']:.0f} ms, "
+            f"{out[k + 'requests']:.0f} requests")
+    out["load_average"] = list(os.getloadavg())
     return out
+
+
+def compare_chart_ready(trees: dict[str, str], rounds: int, out_dir: str, n: int = 1_000_000,
+                        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """``chart_ready_ms`` of the section (one run of ``n`` records, ``?run=``) for each of
+    ``trees`` in the same run: each tree's server on the same log, indexed first; every round opens
+    each page once, in alternating order, in a freshly launched Chromium. Medians."""
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks.bigruns import _server
+
+    out_dir = os.path.abspath(out_dir)
+    name = f"r{n}"
+    root = os.path.join(out_dir, "bigruns", name)
+    ensure_run_log(os.path.join(root, name, "metrics.jsonl"), n)
+    got: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
+    with contextlib.ExitStack() as stack, sync_playwright() as p:
+        urls = {}
+        for label, tree in trees.items():
+            srv = stack.enter_context(_server(tree, root, os.path.join(out_dir, f"server-ready-{label}.log")))
+            deadline = time.monotonic() + 600
+            while True:
+                try:
+                    _wait_indexed(srv["url"], 1, 600)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            urls[label] = srv["url"]
+        labels = list(trees)
+        for r in range(rounds):
+            for label in (labels if r % 2 == 0 else labels[::-1]):
+                browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                try:
+                    got[label].append(_first_paint(browser, f"{urls[label]}/?run={name}", 300_000))
+                finally:
+                    browser.close()
+    out: dict[str, Any] = {"records": n, "rounds": rounds}
+    for label, xs in got.items():
+        for key in ("chart_ready_ms", "dom_content_loaded_ms", "history_sent_ms", "history_answered_ms"):
+            out[f"{label}_{key}"] = statistics.median(x[key] for x in xs)
+        log(f"  {label}: chart ready {out[label + '_chart_ready_ms']:.0f} ms (1 run of {n:,} records)")
+    out["load_average"] = list(os.getloadavg())
+    return out
+
+
+# ---------------------------------------------------------------------------- TensorBoard beside it
+
+# TensorBoard's default page (the time-series dashboard) "drawn": every scalar card overlapping the
+# viewport lists all ``n`` runs with a value in its data table (the card's data has reached it: the
+# same data its line chart draws), timed as _VIEWPORT_READY is (the first animation frame to begin
+# so). Its charts are drawn by a web worker on an OffscreenCanvas, which the page cannot observe:
+# the worker's own drawing after that moment is not counted (in TensorBoard's favour). {ms, cards}.
+_TB_VIEWPORT_READY = r"""([n, timeoutMs]) => new Promise((resolve, reject) => {
+  const t0 = performance.now();
+  const tick = (ts) => {
+    if (performance.now() - t0 > timeoutMs) return reject(new Error('TensorBoard not drawn'));
+    const cards = Array.from(document.querySelectorAll('scalar-card')).filter(c => {
+      const r = c.getBoundingClientRect(); return r.top < innerHeight && r.bottom > 0 && r.width > 0; });
+    const filled = c => Array.from(c.querySelectorAll('tb-data-table-content-row'))
+      .filter(r => /\d/.test(r.innerText)).length >= n;
+    if (cards.length && cards.every(filled))
+      return resolve({ms: ts === undefined ? performance.now() : ts, cards: cards.length});
+    requestAnimationFrame(tick);
+  };
+  tick();
+})"""
+
+
+def tensorboard_unavailable_reason(cmd: str | None) -> str | None:
+    """Why TensorBoard cannot be timed beside the page (None: it can). ``cmd``: its executable, in an
+    environment of its own (never a dependency of gradmon), whose ``python`` sits beside it."""
+    if not cmd:
+        return "no --tensorboard given (a TensorBoard executable, e.g. /work/tbvenv/bin/tensorboard)"
+    if not (os.path.isfile(cmd) and os.access(cmd, os.X_OK)):
+        return f"{cmd} is not an executable (python3 -m venv V && V/bin/pip install tensorboard==2.21.0)"
+    if not os.path.exists(os.path.join(os.path.dirname(cmd), "python")):
+        return f"no python beside {cmd} (it writes the runs as event files)"
+    return None
+
+
+def ensure_tfevents(runs_root: str, tb_root: str, cmd: str, names: tuple[str, ...] = FOUR_RUNS) -> None:
+    """The runs under ``runs_root`` as TensorBoard event files under ``tb_root`` (written once, by
+    TensorBoard's own writer in its environment: benchmarks/tb_events.py)."""
+    def written(name: str) -> bool:
+        d = os.path.join(tb_root, name)
+        return os.path.isdir(d) and any(f.startswith("events.out.tfevents") for f in os.listdir(d))
+
+    if all(written(name) for name in names):
+        return
+    shutil.rmtree(tb_root, ignore_errors=True)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tb_events.py")
+    shutil.rmtree(tb_root + ".part", ignore_errors=True)
+    subprocess.run([os.path.join(os.path.dirname(cmd), "python"), script, runs_root, tb_root + ".part"],
+                   check=True, stdout=subprocess.DEVNULL, timeout=1800)
+    os.replace(tb_root + ".part", tb_root)
+
+
+@contextlib.contextmanager
+def serve_tensorboard(cmd: str, logdir: str, out_log: str, runs: int,
+                      timeout: float = 300.0) -> Iterator[dict[str, Any]]:
+    """``tensorboard --logdir LOGDIR --host 127.0.0.1`` on a free port, yielded once every run's
+    scalar tags are loaded."""
+    port = free_port()
+    with open(out_log, "ab") as f:
+        proc = subprocess.Popen([cmd, "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)],
+                                stdout=f, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"tensorboard exited with {proc.returncode} (see {out_log})")
+            with contextlib.suppress(OSError, ValueError):
+                tags = json.loads(http_get(url + "/data/plugin/scalars/tags", 10)[1])
+                if len(tags) >= runs and all(len(t) >= len(FIELDS_CHARTED) for t in tags.values()):
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("tensorboard did not load the runs in time")
+            time.sleep(0.2)
+        yield {"url": url, "pid": proc.pid}
+    finally:
+        stop_process(proc, 30)
+
+
+# The step fields of the four-run set that both pages chart (benchmarks/tb_events.py writes these).
+FIELDS_CHARTED = ("loss", "grad_norm", "lr", "throughput", "step_time", "data_time", "clip_coef", "zscore")
+
+
+def load_tensorboard(browser: Any, url: str, runs: int, timeout_ms: float = 120_000) -> dict[str, Any]:
+    """TensorBoard's default page in a fresh 1400x900 context: its first viewport drawn (above)."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        page = ctx.new_page()
+        page.goto(url + "/", wait_until="commit", timeout=timeout_ms)
+        drawn = page.evaluate(_TB_VIEWPORT_READY, [runs, timeout_ms])
+        parts = page.evaluate(_REQUESTS)
+        return {"viewport_ms": drawn["ms"], "viewport_cards": drawn["cards"], "ready_ms": drawn["ms"],
+                "heap_mb": None, **parts, **page.evaluate(_PARTS)}
+    finally:
+        ctx.close()
 
 
 # ---------------------------------------------------------------------------- screenshots
@@ -475,8 +702,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Screenshots of the page on the four-run set (docs/img), "
                                      "or this page against another build's (--compare).")
     parser.add_argument("--screenshots", metavar="DIR", help="where to write the PNGs")
-    parser.add_argument("--compare", metavar="TREE",
-                        help="a checkout with its page built (the previous release)")
+    parser.add_argument("--compare", metavar="[LABEL=]TREE", action="append",
+                        help="a checkout with its page built (the previous release; label 'prev'); repeat "
+                             "for more (LABEL=TREE), each timed beside this checkout ('this')")
+    parser.add_argument("--tensorboard", metavar="CMD",
+                        help="with --compare: also time TensorBoard's default page on the same runs, with "
+                             "this tensorboard executable (its own venv; e.g. /work/tbvenv/bin/tensorboard)")
+    parser.add_argument("--chart-ready", type=int, metavar="N", default=0,
+                        help="with --compare: also chart_ready_ms of one run of N records for each tree")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(STATIC_INDEX), "..", "..",
@@ -484,8 +717,18 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.compare:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        print(json.dumps(compare_builds({"prev": args.compare, "this": here}, args.rounds, args.out_dir,
-                                        args.steps), indent=1))
+        trees = {}
+        for k, spec in enumerate(args.compare):
+            default = "prev" if k == 0 else f"tree{k}"
+            label, _, tree = spec.rpartition("=") if "=" in spec else (default, "", spec)
+            if not os.path.exists(os.path.join(tree, "gradmon", "static", "index.html")):
+                parser.error(f"{tree} has no built page: cd {tree}/dashboard && npm ci && npm run build")
+            trees[label] = tree
+        trees["this"] = here
+        result = compare_builds(trees, args.rounds, args.out_dir, args.steps, tensorboard=args.tensorboard)
+        if args.chart_ready:
+            result["chart_ready"] = compare_chart_ready(trees, args.rounds, args.out_dir, args.chart_ready)
+        print(json.dumps(result, indent=1))
     if args.screenshots:
         for shot in screenshots(args.screenshots, args.steps):
             print(shot)

@@ -275,3 +275,37 @@ def test_bigruns_smoke_measures_a_cold_and_a_warm_start(tmp_path):
     for s in (cold, warm):
         assert s["cursor_is_the_file"] and s["zoom_points"] == 50 and s["zoom_exact"] is True
         assert math.isfinite(s["zoom_p99_ms"]) and s["rss_mb"] > 0 and s["sidecar_mb"] > 0
+
+
+def test_tensorboard_beside_the_page_is_skipped_saying_why(tmp_path):
+    from benchmarks.page_section import tensorboard_unavailable_reason
+    from benchmarks.tb_events import _number
+
+    assert "no --tensorboard" in tensorboard_unavailable_reason(None)
+    assert "not an executable" in tensorboard_unavailable_reason(str(tmp_path / "tensorboard"))
+    lone = tmp_path / "bin" / "tensorboard"
+    lone.parent.mkdir()
+    lone.write_text("#!/bin/sh\n")
+    lone.chmod(0o755)
+    assert "no python beside" in tensorboard_unavailable_reason(str(lone))
+    # the event-file writer's reading of a log's values: numbers, the codec's non-finite strings
+    assert _number(2) == 2.0 and math.isnan(_number("NaN")) and _number("-Infinity") == -math.inf
+    assert _number(True) is None and _number("x") is None and _number(None) is None
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_page_compare_times_the_first_viewport_and_where_the_time_went(tmp_path):
+    from benchmarks.page_section import compare_builds, page_unavailable_reason
+
+    reason = page_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    out = compare_builds({"this": ROOT}, 1, str(tmp_path), n=300, log=lambda m: None,
+                         tensorboard=str(tmp_path / "no-tensorboard"))
+    assert "not an executable" in out["tensorboard_skipped"]
+    for case in ("one", "four"):
+        k = f"this_{case}_"
+        assert 0 < out[k + "viewport_ms"] <= out[k + "ready_ms"]
+        assert out[k + "runs_answered_ms"] <= out[k + "history_answered_ms"]
+        assert out[k + "script_requests"] == 3 and out[k + "script_kb"] > 0  # early.js, echarts, main.js

@@ -202,3 +202,34 @@ def test_many_runs_the_newest_ten_are_shown_with_a_note(logdir: Path, page: Page
         colours = page.eval("window.gradmon.selected().map(n => window.gradmon.state.colors.get(n))")
         assert len(set(colours[:10])) == 10
     assert page.errors == []
+
+
+def test_opening_asks_for_the_list_and_each_shown_history_once(logdir: Path, page: Page) -> None:
+    # boot/early.js sends these before the page's scripts are parsed; the page takes its answers
+    # (window.GradmonEarly, then null) and asks for nothing twice, with the URL's runs or without.
+    for k in range(3):
+        recs = [header(t0=T0 + k)] + [step(s, t0=T0 + k) for s in range(1, 41)]
+        append(logdir / f"r{k}" / "metrics.jsonl", recs)
+    with start_server(logdir, "127.0.0.1", port=0) as server:
+        for query, shown in (("", ["r2", "r1", "r0"]), ("?run=r0&run=gone&run=r2", ["r0", "r2"])):
+            page.requests.clear()
+            page.page.goto(server.url.rstrip("/") + "/" + query)
+            names = str(shown)
+            page.wait(f"window.gradmon && {names}.every(n => window.gradmon.loaded().includes(n)"
+                      " && window.gradmon.pointCount(n, 'loss') === 40)", 30)
+            page.wait("window.gradmon.state.connection === 'connected'")
+            api = [u.split("/api/", 1)[1] for u in page.requests if "/api/" in u]
+            lists = [u for u in api if u.split("?")[0] == "runs"]
+            histories = sorted(u.split("/")[1] for u in api if "/history" in u)
+            assert len(lists) == 1, api
+            assert histories == sorted(shown), api  # one each, none for a run the list lacks
+            # as many points as the page asks for before its charts exist: two per pixel of the width
+            # a card gets in the laid-out grid (not the 900 px assumed before layout)
+            points = page.eval("""(() => { const L = window.GradmonLib, w = document.getElementById('charts');
+                return L.historyPoints(L.chartWidthIn(w.clientWidth), NaN) })()""")
+            assert points != page.eval("GradmonLib.historyPoints(GradmonLib.chartWidthIn(0), NaN)")
+            assert all(f"points={points}" in u for u in api if "/history" in u), (points, api)
+            assert page.eval("window.GradmonEarly") is None  # taken by the page
+            assert page.eval("window.gradmon.state.fetches") == 1  # the list only: its histories came early
+            assert page.eval("window.gradmon.selected()") == (shown if query == "" else ["r0", "gone", "r2"])
+    assert page.errors == []

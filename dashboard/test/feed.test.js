@@ -41,6 +41,9 @@ class FakeClient {
     if (status) p.d.reject(Object.assign(new Error("HTTP " + status), { status }));
     else p.d.resolve(body);
   }
+  bodyOf(pending) {
+    return pending; // (the fake early requests below resolve to bodies already)
+  }
   connect() {
     this.connected = true;
   }
@@ -51,17 +54,17 @@ class FakeClient {
 }
 
 /** The Feed class as the page loads it (a classic script on `self`), with the fake client. */
-function loadFeed(client) {
-  const sandbox = { GradmonLib: LIB, GradmonApp: { Client: function () { return client; } }, console };
+function loadFeed(client, early) {
+  const sandbox = { GradmonLib: LIB, GradmonApp: { Client: function () { return client; } }, GradmonEarly: early || undefined, console };
   sandbox.self = sandbox;
   vm.runInNewContext(fs.readFileSync(path.join(__dirname, "..", "src", "app", "feed.js"), "utf8"), sandbox);
   return sandbox.GradmonApp.Feed;
 }
 
 /** A page opened on `named` runs (null: the default view) with `smoothing`, as main.js wires it. */
-function openPage(named, smoothing) {
+function openPage(named, smoothing, early) {
   const client = new FakeClient();
-  const Feed = loadFeed(client);
+  const Feed = loadFeed(client, early);
   const state = { mode: "live", runs: new Map(), streams: new Map(), runsInfo: new Map(), fetches: 0 };
   const notices = [];
   let feed = null;
@@ -139,4 +142,79 @@ test("an early request that failed is asked again once the list names the run", 
   await settle();
   assert.equal(state.runs.get("late").pointCount("loss"), 3);
   assert.deepEqual(notices, []);
+});
+
+/** What boot/early.js hands over (self.GradmonEarly): requests sent before the page's scripts ran, logged in `log`. */
+class FakeEarly {
+  constructor() {
+    this.log = [];
+    this.sent = new Map();
+    this.list = deferred();
+  }
+  send(name) {
+    const d = deferred();
+    this.sent.set(name, d);
+    return d;
+  }
+  runs() {
+    this.log.push("runs taken");
+    return this.list.promise;
+  }
+  history(name) {
+    this.log.push("history taken " + name);
+    const d = this.sent.get(name);
+    this.sent.delete(name);
+    return d ? d.promise : null;
+  }
+}
+
+test("the page takes the list and the histories boot/early.js sent instead of asking again", async () => {
+  for (const named of [null, ["b", "a"]]) {
+    const early = new FakeEarly();
+    const { client, state, notices, started } = openPage(named, 0, early);
+    const a = early.send("a");
+    const b = early.send("b");
+    await settle();
+    assert.deepEqual(client.log, []); // nothing of its own: not even the runs the URL names
+    early.list.resolve({ runs: [{ name: "a", records: 1000 }, { name: "b", records: 1000 }] });
+    await started;
+    a.resolve(Object.assign({}, HISTORY, { run: "a" }));
+    b.resolve(Object.assign({}, HISTORY, { run: "b" }));
+    await settle();
+    assert.deepEqual(client.log, []); // still nothing asked twice
+    assert.equal(state.runs.get("a").pointCount("loss"), 3);
+    assert.equal(state.runs.get("b").pointCount("loss"), 3);
+    assert.ok(early.log.includes("runs taken") && early.log.includes("history taken a") && early.log.includes("history taken b"));
+    assert.ok(client.connected);
+    assert.deepEqual(notices, []);
+    assert.equal(early.history("a"), null); // taken once
+  }
+});
+
+test("a run boot/early.js sent nothing for, or whose early answer failed, is asked for by the page", async () => {
+  const early = new FakeEarly();
+  const { client, state, notices, started } = openPage(null, 0, early);
+  const a = early.send("a"); // (none for "b": say, the list grew between the two answers)
+  early.list.resolve({ runs: [{ name: "a", records: 1000 }, { name: "b", records: 1000 }] });
+  await started;
+  await settle();
+  assert.deepEqual(client.log, ["history b 1200"]);
+  a.reject(Object.assign(new Error("HTTP 503"), { status: 503 }));
+  await settle();
+  assert.deepEqual(client.log, ["history b 1200", "history a 1200"]);
+  client.answer("history a 1200", Object.assign({}, HISTORY, { run: "a" }));
+  client.answer("history b 1200", Object.assign({}, HISTORY, { run: "b" }));
+  await settle();
+  assert.equal(state.runs.get("a").pointCount("loss"), 3);
+  assert.equal(state.runs.get("b").pointCount("loss"), 3);
+  assert.deepEqual(notices, []);
+});
+
+test("a run list boot/early.js could not get is a notice, as the page's own would be", async () => {
+  const early = new FakeEarly();
+  const { notices, started, client } = openPage(null, 0, early);
+  early.list.reject(new Error("HTTP 500"));
+  await started;
+  assert.deepEqual(notices, ["Could not list runs: HTTP 500"]);
+  assert.ok(client.connected); // the stream's hello lists the runs later
 });

@@ -1,7 +1,7 @@
 "use strict";
 const test = require("node:test");
 const assert = require("node:assert/strict");
-const { RedrawPacer, passOrder, REDRAW } = require("../src/lib/pacer.js");
+const { RedrawPacer, passOrder, inViewport, REDRAW } = require("../src/lib/pacer.js");
 
 test("pacer: passes start at most every minGapMs, whoever asks", () => {
   const p = new RedrawPacer({ minGapMs: 100, streamLoad: 3 });
@@ -33,6 +33,10 @@ test("pacer: a streaming pass's slice ends once it used sliceMs; the reader's pa
   assert.equal(p.sliceDone(100, 104, true), false);
   assert.equal(p.sliceDone(100, 108, true), true);
   assert.equal(p.sliceDone(100, 1000, false), false);
+  // Once the charts in the viewport are drawn, a slice stops (they are painted before the others).
+  assert.equal(p.sliceDone(100, 101, false, true), true);
+  assert.equal(p.sliceDone(100, 101, true, true), true);
+  assert.equal(p.sliceDone(100, 1000, false, false), false);
   assert.equal(new RedrawPacer().sliceMs, REDRAW.SLICE_MS);
   p.ended(10, -3); // a clock step back never makes a negative cost
   assert.equal(p.lastWorkMs, 0);
@@ -49,4 +53,7 @@ test("passOrder: charts in the viewport first, then the others near it, each top
   assert.deepEqual(passOrder(items, 900).map((it) => it.id), ["a", "b", "c", "above", "below"]);
   assert.deepEqual(passOrder([], 900), []);
   assert.equal(items[0].id, "below"); // the input is left as it was
+  assert.deepEqual(items.map((it) => inViewport(it, 900)), [false, true, false, true, true]);
+  assert.equal(inViewport({ top: 900, bottom: 1200 }, 900), false); // starts at the viewport's bottom edge
+  assert.equal(inViewport({ top: -300, bottom: 0 }, 900), false); // ends at its top edge
 });

@@ -109,10 +109,14 @@
       // screens, where a swipe over a chart must scroll the page (pinch and the slider zoom).
       const touch = root.matchMedia && root.matchMedia("(pointer: coarse)").matches;
       if (touch) return;
+      // The toolbox is added then too: laying out its (invisible) icons was a quarter of a chart's
+      // first draw, paid by every chart on the page whether a pointer ever came over it or not.
       const chart = this.chart;
       const arm = () => {
         this.el.removeEventListener("pointerenter", arm);
-        if (this.chart === chart) chart.dispatchAction({ type: "takeGlobalCursor", key: "dataZoomSelect", dataZoomSelectActive: true });
+        if (this.chart !== chart) return;
+        chart.setOption({ toolbox: this._toolbox() });
+        chart.dispatchAction({ type: "takeGlobalCursor", key: "dataZoomSelect", dataZoomSelectActive: true });
       };
       this.el.addEventListener("pointerenter", arm);
     }
@@ -123,13 +127,17 @@
       this.card.remove();
     }
 
+    /** The toolbox's drag-a-box zoom, switched on by init()'s `arm` (the toolbox itself is invisible). */
+    _toolbox() {
+      return { show: true, itemSize: 0, showTitle: false, right: 0, top: 0, feature: { dataZoom: { yAxisIndex: "none", brushStyle: { color: "rgba(31,119,180,0.15)" } } } };
+    }
+
     _baseOption(theme) {
       return {
         backgroundColor: "transparent",
         animation: false,
         textStyle: { color: theme.fg },
         grid: { left: 56, right: 16, top: 14, bottom: 56 },
-        toolbox: { show: true, itemSize: 0, showTitle: false, right: 0, top: 0, feature: { dataZoom: { yAxisIndex: "none", brushStyle: { color: "rgba(31,119,180,0.15)" } } } },
         tooltip: {
           trigger: "axis",
           confine: true,

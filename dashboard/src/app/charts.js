@@ -71,15 +71,12 @@
     /** Chart width in px (for history resolution: about two points per pixel). */
     chartWidth() {
       for (const c of this.panels.values()) if (c.chart && c.width) return c.width;
-      // No chart yet: the width a card will get in the grid (minmax(min(100%, 440px), 1fr), 12px gaps).
-      const w = this.container.clientWidth || 900;
-      const cols = Math.max(1, Math.floor((w + 12) / 452));
-      return Math.max(240, Math.floor((w - 12 * (cols - 1)) / cols) - 16);
+      return L.chartWidthIn(this.container.clientWidth); // no chart yet: the width a card will get
     }
 
     /**
      * A redraw pass begins: lay out the sections and cards; the charts near the viewport whose data
-     * or view changed are to be drawn, those in the viewport first.
+     * or view changed are to be drawn, those in the viewport first (`inView` of them: the first slice).
      */
     _beginPass() {
       const entries = this.app.entries();
@@ -95,7 +92,8 @@
         const r = card.card.getBoundingClientRect();
         stale.push({ card, top: r.top, bottom: r.bottom });
       }
-      return { queue: L.passOrder(stale, window.innerHeight).map((it) => it.card), inputs };
+      const inView = stale.filter((it) => L.inViewport(it, window.innerHeight)).length;
+      return { queue: L.passOrder(stale, window.innerHeight).map((it) => it.card), inView, inputs };
     }
 
     /** What every chart of a redraw is drawn from: the runs, view settings, x extent, window, resolution. */
@@ -135,6 +133,7 @@
       });
       card.render(built, extent, settings.xMode);
       const drawn = entries.filter((e) => card.panel.fields.some((f) => e.run.pointCount(f) > 0));
+      card.drawnRuns = drawn.length;
       card.setLegend(drawn.map((e) => ({ name: e.run.name, color: e.color })), card.panel.fields.some((f) => f.startsWith("eval/") && drawn.some((e) => e.run.pointCount(f) > 0)));
       // The zoom window is kept in x units: dispatched again when the chart is new or its x extent moved.
       const extentKey = extent.min + ":" + extent.max;

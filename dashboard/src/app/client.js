@@ -2,10 +2,7 @@
 (function (root) {
   "use strict";
 
-  /** Path of a run's API resource; run names may contain "/" (sub-directories): each segment is encoded. */
-  function runPath(name, tail) {
-    return "/api/runs/" + name.split("/").map(encodeURIComponent).join("/") + tail;
-  }
+  const L = root.GradmonLib;
 
   class Client {
     /**
@@ -24,14 +21,16 @@
     }
 
     url(path, params) {
-      const u = new URL(path, location.href);
-      for (const [k, v] of Object.entries(params || {})) if (v !== undefined && v !== null) u.searchParams.set(k, String(v));
-      if (this.token) u.searchParams.set("token", this.token);
-      return u.toString();
+      return L.apiUrl(location.href, path, params, this.token);
     }
 
-    async getJson(path, params) {
-      const resp = await fetch(this.url(path, params), { cache: "no-store" });
+    getJson(path, params) {
+      return this.bodyOf(fetch(this.url(path, params), { cache: "no-store" }));
+    }
+
+    /** The JSON body of a fetch() under way (one boot/early.js sent, or getJson's); an error status throws. */
+    async bodyOf(pending) {
+      const resp = await pending;
       let body = null;
       try {
         body = await resp.json();
@@ -52,7 +51,7 @@
 
     /** GET history: {points, start, end} all optional. */
     history(name, params) {
-      return this.getJson(runPath(name, "/history"), params);
+      return this.getJson(L.runPath(name, "/history"), params);
     }
 
     connect() {
@@ -120,5 +119,4 @@
 
   root.GradmonApp = root.GradmonApp || {};
   root.GradmonApp.Client = Client;
-  root.GradmonApp.runPath = runPath;
 })(self);

@@ -28,13 +28,27 @@
 
     async start() {
       this.client = new A.Client({ token: this.hooks.token, onMessage: (m) => this.onMessage(m), onState: (s) => this.hooks.onConnection(s) });
-      this.early = new L.EarlyHistory(this.hooks.namedRuns(), this.hooks.smoothing(), (name) => {
-        this.state.fetches++;
-        return this.client.history(name, { points: this.hooks.historyPoints() });
-      });
+      // What boot/early.js sent before this script was parsed (taken once; absent: nothing was).
+      const sent = root.GradmonEarly || null;
+      root.GradmonEarly = null;
+      const sentHistory = (name) => {
+        const pending = sent && sent.history(name);
+        return pending ? this.client.bodyOf(pending) : null;
+      };
+      // Without it, the runs the URL names are asked for here, beside the list.
+      this.early = new L.EarlyHistory(
+        sent ? null : this.hooks.namedRuns(),
+        this.hooks.smoothing(),
+        (name) => {
+          this.state.fetches++;
+          return this.client.history(name, { points: this.hooks.historyPoints() });
+        },
+        sentHistory,
+      );
       try {
         this.state.fetches++;
-        const body = await this.client.runs();
+        const sentRuns = sent && sent.runs();
+        const body = await (sentRuns ? this.client.bodyOf(sentRuns) : this.client.runs());
         this.hooks.setRunsInfo(body.runs); // (the runs it follows take their early answers here)
       } catch (e) {
         this.hooks.notice("Could not list runs: " + e.message, true);

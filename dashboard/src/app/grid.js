@@ -24,7 +24,10 @@
           const card = this.panels.get(e.target.parentElement && e.target.parentElement.dataset.panel);
           if (!card) continue;
           card.width = e.target.clientWidth; // read here, where layout is done (no forced layout in a draw)
-          if (card.chart) card.chart.resize();
+          // The observer also reports each element once when it starts watching it, at the size
+          // its chart was just created with: a resize then would draw that chart a second time.
+          const c = card.chart;
+          if (c && (c.getWidth() !== card.width || c.getHeight() !== e.target.clientHeight)) c.resize();
         }
       });
     }

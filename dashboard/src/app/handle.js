@@ -46,6 +46,11 @@
         return s ? s.data.map((d) => [d[2], d[1]]) : [];
       },
       renderCount: () => (ctx.board() ? ctx.board().renderCount : 0),
+      /** How many runs a chart's last draw showed (0: not drawn). */
+      drawnRuns(panel) {
+        const card = ctx.board() && ctx.board().panels.get(panel);
+        return card && card.chart && card.drawnRuns ? card.drawnRuns : 0;
+      },
       zoom: () => (ctx.board() ? ctx.board().currentZoom() : null),
       view: () => JSON.parse(JSON.stringify(state.view)),
       exportChart: (panel, format) => ctx.exporter().exportChart(panel, format),

@@ -320,8 +320,7 @@
   }
 
   function historyPoints() {
-    if (pointsParam >= 4) return Math.round(pointsParam);
-    return Math.max(200, Math.min(8000, Math.round(2 * (board ? board.chartWidth() : 600))));
+    return L.historyPoints(board ? board.chartWidth() : 600, pointsParam);
   }
 
   async function start() {

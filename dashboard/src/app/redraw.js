@@ -7,7 +7,8 @@
   class RedrawLoop {
     /**
      * hooks: {holdMs() -> ms the app holds drawing (the runs shown at opening still arriving),
-     * begin() -> {queue: [card], inputs} (lay out, and the charts to draw in order), inputs() -> what a
+     * begin() -> {queue: [card], inView, inputs} (lay out, and the charts to draw in order, the first
+     * `inView` of them in the viewport: drawn in a slice of their own), inputs() -> what a
      * chart is drawn from now, wanted(card) -> whether a queued chart is still to be drawn,
      * drawCard(card, inputs), ended(live) (a pass finished)}.
      */
@@ -65,8 +66,8 @@
       this.passes++;
       const now = performance.now();
       this.pacer.started(now);
-      const { queue, inputs } = this.hooks.begin();
-      this.pass = { queue, live, workMs: performance.now() - now, raf: 0 };
+      const { queue, inputs, inView } = this.hooks.begin();
+      this.pass = { queue, live, inView: inView || 0, taken: 0, workMs: performance.now() - now, raf: 0 };
       this._slice(inputs);
     }
 
@@ -77,9 +78,15 @@
       const current = inputs || this.hooks.inputs(); // the data may have grown since the pass began
       while (pass.queue.length) {
         const card = pass.queue.shift();
-        if (!this.hooks.wanted(card)) continue; // gone or scrolled away meanwhile
+        pass.taken++;
+        // (the last chart in the viewport, even one gone meanwhile, ends the slice when more follow)
+        const viewportDrawn = pass.taken === pass.inView && pass.queue.length > 0;
+        if (!this.hooks.wanted(card)) {
+          if (viewportDrawn) break;
+          continue; // gone or scrolled away meanwhile
+        }
         this.hooks.drawCard(card, current);
-        if (this.pacer.sliceDone(t0, performance.now(), pass.live)) break;
+        if (this.pacer.sliceDone(t0, performance.now(), pass.live, viewportDrawn)) break;
       }
       pass.workMs += performance.now() - t0;
       if (pass.queue.length) {

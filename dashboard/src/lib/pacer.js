@@ -58,11 +58,18 @@
 
     /**
      * Whether a slice that began at `sliceStart` and drew at least one chart stops at `now`
-     * (`live`: of a pass only the stream asked for; the reader's passes are not sliced).
+     * (`live`: of a pass only the stream asked for; the reader's passes are not sliced by time).
+     * `viewportDrawn`: the charts in the viewport are drawn and others are still queued; every pass
+     * stops there, so the browser paints what is seen before the charts near it are drawn.
      */
-    sliceDone(sliceStart, now, live) {
-      return live && now - sliceStart >= this.sliceMs;
+    sliceDone(sliceStart, now, live, viewportDrawn) {
+      return !!viewportDrawn || (live && now - sliceStart >= this.sliceMs);
     }
+  }
+
+  /** Whether an item {top, bottom} (px, relative to the viewport) overlaps the viewport [0, viewHeight). */
+  function inViewport(it, viewHeight) {
+    return it.top < viewHeight && it.bottom > 0;
   }
 
   /**
@@ -71,10 +78,10 @@
    * to the viewport). Returns a new array.
    */
   function passOrder(items, viewHeight) {
-    const inView = (it) => it.top < viewHeight && it.bottom > 0;
+    const inView = (it) => inViewport(it, viewHeight);
     const byTop = (a, b) => a.top - b.top;
     return items.filter(inView).sort(byTop).concat(items.filter((it) => !inView(it)).sort(byTop));
   }
 
-  return { RedrawPacer, passOrder, REDRAW: { MIN_GAP_MS, STREAM_LOAD, SLICE_MS } };
+  return { RedrawPacer, passOrder, inViewport, REDRAW: { MIN_GAP_MS, STREAM_LOAD, SLICE_MS } };
 });

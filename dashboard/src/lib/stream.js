@@ -145,10 +145,13 @@
    * once: their requests go out beside the list's instead of after it (the first chart's data one
    * round trip sooner). Not with smoothing on: how many points to ask for then depends on the
    * run's size, which the list gives. `ask(name)` -> a promise of the run's history answer.
+   * `sentBefore(name)` -> such a promise for a request sent before the page's scripts ran (boot/
+   * early.js: the default selection's, as soon as the list came), once, or null.
    */
   class EarlyHistory {
-    constructor(named, smoothing, ask) {
+    constructor(named, smoothing, ask, sentBefore) {
       this.pending = new Map();
+      this.sentBefore = sentBefore || null;
       if (!named || smoothing > 0) return;
       for (const name of named) {
         const request = ask(name);
@@ -162,8 +165,12 @@
      * none, it failed (ask again), or `fullResolution` is wanted (more points than were asked for).
      */
     take(name, fullResolution) {
-      const request = this.pending.get(name);
+      let request = this.pending.get(name);
       this.pending.delete(name);
+      if (!request && this.sentBefore) {
+        request = this.sentBefore(name);
+        if (request) request.catch(() => {});
+      }
       if (!request || fullResolution) return Promise.resolve(null);
       return request.then((answer) => answer || null, () => null);
     }
@@ -171,6 +178,7 @@
     /** The run list came: answers not taken by then are for runs it lacks (or their 404s). */
     clear() {
       this.pending.clear();
+      this.sentBefore = null;
     }
   }
 

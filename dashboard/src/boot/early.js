@@ -1,0 +1,58 @@
+/* The page's first requests, sent before ECharts and the page's own script are parsed: index.html
+ * loads this small script first, in <head>, before anything is drawn (the build bundles it with the
+ * lib/ modules it requires as static/early.js). It asks for the run list at once and, as soon as
+ * the list is in, for the histories of the runs shown at opening (the URL's, or the default
+ * selection), so the server answers them while the browser parses the rest. app/feed.js takes the
+ * answers (self.GradmonEarly) instead of asking again. The decisions are lib/opening.js's, the
+ * same the page makes. Browser only.
+ */
+"use strict";
+const O = require("../lib/opening.js");
+
+(function (root) {
+  // Opened from disk or as a static export: no server to ask (export-data.js runs before this).
+  if (root.GRADMON_EXPORT || location.protocol === "file:" || typeof fetch !== "function") return;
+  const plan = O.openingPlan(location.search);
+  const get = (path, params) => {
+    const request = fetch(O.apiUrl(location.href, path, params, plan.token), { cache: "no-store" });
+    request.catch(() => {}); // a failure is the page's to see when it takes the answer
+    return request;
+  };
+  const histories = new Map();
+  // The charts' width decides the points asked for: read once #charts is parsed and laid out
+  // (the list's answer almost always comes after that; else a few ms later).
+  const laidOut = () =>
+    new Promise(function wait(resolve) {
+      const charts = document.getElementById("charts");
+      if (charts || document.readyState !== "loading") resolve(charts);
+      else setTimeout(() => wait(resolve), 4);
+    });
+  // The list's answer is handed over only once those requests are out, so the page, reading the
+  // same list, finds them sent and sends none twice.
+  let runs = get("/api/runs").then(async (resp) => {
+    const body = resp.ok ? await resp.clone().json().catch(() => null) : null;
+    const names = body && Array.isArray(body.runs) ? O.runsAfterList(plan, body.runs) : [];
+    if (names.length) {
+      const charts = await laidOut();
+      const points = O.historyPoints(O.chartWidthIn(charts ? charts.clientWidth : 0), plan.points);
+      for (const name of names) histories.set(name, get(O.runPath(name, "/history"), { points }));
+    }
+    return resp;
+  });
+  runs.catch(() => {});
+
+  root.GradmonEarly = {
+    /** The run list's fetch() under way (its Response, unread), once (null after: ask again). */
+    runs() {
+      const r = runs;
+      runs = null;
+      return r;
+    },
+    /** A run's history fetch() under way, once; null when none was sent. */
+    history(name) {
+      const r = histories.get(name) || null;
+      histories.delete(name);
+      return r;
+    },
+  };
+})(self);
