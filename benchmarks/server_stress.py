@@ -7,7 +7,8 @@ and one real client measures flush → receive latency (:mod:`benchmarks.ws_clie
   ``benchmarks/out/bigruns/``) back to back: the history of a random 1 % step range, 2000
   points, gzip. Blocks alternate — nothing else / zooming — for ``rounds`` rounds, so the two
   conditions see the same machine; each block's p99 is reported and the median per condition.
-- ``indexing``: a fresh server reads the big run at start; the block runs while it indexes.
+- ``indexing``: a fresh server reads the big run at start; the block runs while it indexes (``cold``:
+  its index sidecar removed first, so that it does index it).
 - ``abuse``: issue #14 B's client (4 KiB receive buffer, never reads) sends ``frames`` subscribe
   frames of ~245 KB, each naming 16,000 unknown runs. Server RSS before, at peak and ``settle_s``
   after the client left; the healthy client's WebSocket latency and ``/api/runs`` HTTP latency meanwhile.
@@ -39,9 +40,9 @@ from benchmarks.stats import latency_summary, percentile
 from benchmarks.ws_clients import send_text_frame, stalled_client
 
 SMOKE = {"big_steps": 20_000, "rounds": 1, "block_s": 0.5, "rate": 50, "frames": 3, "idle": 20,
-         "index_block_s": 0.5, "load_timeout_s": 120, "settle_s": 0.5}
+         "index_block_s": 0.5, "load_timeout_s": 120, "settle_s": 0.5, "cold": 1}
 FULL = {"big_steps": 2_000_000, "rounds": 3, "block_s": 4.0, "rate": 50, "frames": 60, "idle": 1000,
-        "index_block_s": 6.0, "load_timeout_s": 600, "settle_s": 3.0}
+        "index_block_s": 6.0, "load_timeout_s": 600, "settle_s": 3.0, "cold": 1}
 
 
 def _rss_mb(pid: int) -> float:
@@ -114,6 +115,8 @@ def _zoom_and_indexing(settings: dict[str, Any], out_dir: str, log: Callable[[st
     name = f"r{n}"
     root = os.path.join(out_dir, "bigruns", name)
     ensure_run_log(os.path.join(root, name, "metrics.jsonl"), n)
+    if settings["cold"]:  # the index sidecar of an earlier start (issue #26) would leave nothing to index
+        shutil.rmtree(os.path.join(root, name, ".metrics.jsonl.gmidx"), ignore_errors=True)
     live_dir = os.path.join(root, "live")
     shutil.rmtree(live_dir, ignore_errors=True)
     writer = run_log_writer(os.path.join(live_dir, "metrics.jsonl"))

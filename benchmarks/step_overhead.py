@@ -21,6 +21,7 @@ from typing import Any
 from benchmarks.child import run_child
 
 MAX_NORM = 1.0
+FORENSICS_STEPS = 8
 
 # name -> (description, MonitoredTrainStep keyword arguments); max_norm filled in at build time.
 GM_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -46,6 +47,10 @@ GM_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "full defence: defaults + max_norm + spike_mode='skip'",
         {"max_norm": MAX_NORM, "spike_mode": "skip"},
     ),
+    "gm_forensics": (
+        f"defaults + forensics={FORENSICS_STEPS} (per-layer sums of the last {FORENSICS_STEPS} steps kept)",
+        {"forensics": FORENSICS_STEPS},
+    ),
 }
 STOCK_VARIANTS: dict[str, str] = {
     "stock_clip": "TrainOneStepCell subclass + ops.clip_by_global_norm(grads, max_norm) (MindSpore API)",
@@ -53,7 +58,7 @@ STOCK_VARIANTS: dict[str, str] = {
 }
 ALL_VARIANTS = ["stock_clip", "stock_norm_clip", *GM_VARIANTS]
 # The 22M model is slow on a CPU: it gets the variants that answer the targets.
-REDUCED_VARIANTS = ["stock_clip", "gm_norm_h0", "gm_default", "gm_clip", "gm_spike_skip"]
+REDUCED_VARIANTS = ["stock_clip", "gm_norm_h0", "gm_default", "gm_clip", "gm_spike_skip", "gm_forensics"]
 
 MODELS: dict[str, dict[str, Any]] = {
     "mlp": {"factory": "MLP", "batch": 32, "about": "~60k params, dispatch-bound"},
@@ -190,7 +195,7 @@ def plan(smoke: bool) -> list[dict[str, Any]]:
              "timeout": 300},
         ]
     base = {"rounds": 10, "target_block_s": 0.3, "min_steps": 3, "max_steps": 500, "warmup_steps": 5}
-    # ~0.7 s per step on 2 cores: 8 rounds of 2-step blocks keep the 22M pair near 3 minutes.
+    # ~0.7 s per step on 2 cores: 8 rounds of 2-step blocks keep the 22M pair near 3.5 minutes.
     big = {**base, "rounds": 8, "min_steps": 2, "warmup_steps": 2}
     return [
         {"mode": "GRAPH", "model": "mlp", "variants": ALL_VARIANTS, "settings": base, "timeout": 300},

@@ -100,17 +100,29 @@ def compile_library(source: Path, output: Path, cxx: str, flags: tuple[str, ...]
             os.unlink(tmp)
 
 
-def ensure_library(source: Path, name: str, ms_version: str, environ: dict | None = None) -> Path:
-    """Path of the compiled ``source`` in the cache, compiling it first when it is not there yet."""
+def ensure_library(source: Path, name: str, ms_version: str, environ: dict | None = None,
+                   flags: tuple[str, ...] = CXX_FLAGS) -> Path:
+    """Path of the compiled ``source`` in the cache, compiling it first (with ``flags``) when it is not
+    there yet."""
     cxx = find_compiler(environ)
-    key = build_key(source.read_bytes(), compiler_identity(cxx), ms_version)
+    key = build_key(source.read_bytes(), compiler_identity(cxx), ms_version, flags)
     library = cache_root(environ) / key / f"lib{name}.so"
     if not library.is_file():
         try:
-            compile_library(source, library, cxx)
+            compile_library(source, library, cxx, flags)
         except OSError as exc:  # an unwritable cache directory, a full disk
             raise KernelBuildError(f"cannot write the kernel cache {library.parent}: {exc}") from exc
     return library
+
+
+def check_white_list(library: Path, environ: dict | None = None) -> None:
+    """:class:`KernelBuildError` when ``MS_CUSTOM_AOT_WHITE_LIST`` is set and does not hold ``library``
+    (MindSpore would then refuse to load it)."""
+    env = os.environ if environ is None else environ
+    allowed = env.get("MS_CUSTOM_AOT_WHITE_LIST")
+    if allowed and os.path.commonpath([os.path.realpath(library), os.path.realpath(allowed)]) != \
+            os.path.realpath(allowed):
+        raise KernelBuildError(f"MS_CUSTOM_AOT_WHITE_LIST={allowed} does not allow {library}")
 
 
 _DLLS: dict[str, object] = {}

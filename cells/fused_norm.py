@@ -23,6 +23,9 @@ Interface (what ``norm_strategy="fused"`` builds on)
   per tensor (``layer_stats``), from the same single pass.
 - :class:`FusedGlobalNorm` ``()``: ``op(scale, *grads)`` -> float32 ``|scale| * sqrt(sum)``: the norm
   in one launch (no separate sqrt kernel).
+- :class:`FusedNormRecord` ``(width)``: ``op(scale, loss, config, counts, *grads)`` -> the norm, whether
+  it is finite, and the step's history row, ring slot and counters for a ``MonitoredTrainStep`` with
+  its defaults (no clipping, detector or loss scale), where all of them follow from the norm.
 
 The primitives are built where the cell is built (``__init__``) and then are ordinary cell attributes:
 they work in a ``Cell.construct`` in GRAPH and PYNATIVE mode and inside ``@ms.jit`` functions.
@@ -54,7 +57,7 @@ from .fused_build import KernelBuildError, call_aot, ensure_library
 ENV_SWITCH = "GRADMON_FUSED_NORM"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fused_norm.cc"
 LIBRARY_NAME = "gradmon_fused_norm"
-ABI_VERSION = 1
+ABI_VERSION = 2
 GRAD_DTYPES = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
 
 
@@ -209,3 +212,49 @@ class FusedSquaredNorms(KernelOp):
 
     def output_shape(self, shapes: tuple) -> Any:
         return (len(shapes),)
+
+
+class FusedNormRecord(KernelOp):
+    """``op(scale, loss, config, counts, *grads)`` -> ``(norm, finite, row, slot, counts_after)``: the
+    norm (float32 scalar; the bits of :class:`FusedSquaredNorm` then a float32 sqrt), whether it is
+    finite (bool scalar), and a history row with its counters for a step with no clipping, detector
+    or loss scale, in one launch.
+
+    ``loss``: float32 scalar; ``config``: int32 ``[2]`` = (ring rows, 1 when a non-finite step is
+    skipped else 0); ``counts``: int32 ``[5]`` (steps, clipped, spikes, skipped, nonfinite). ``row`` is
+    float32 ``[1, width]``: loss, norm, clip_coef 1, zscore 0, clipped 0, spike 0, skipped,
+    nonfinite, then zeros; ``slot`` int32 ``[1]`` = steps mod ring rows; ``counts_after`` the counters
+    with this step added. The caller writes ``row`` at ``slot`` and stores ``counts_after``.
+    """
+
+    func = "GradmonNormRecord"
+    scalars = 2
+    WIDTH_MIN = 8
+
+    def __init__(self, width: int) -> None:
+        if int(width) < self.WIDTH_MIN:
+            raise ValueError(f"FusedNormRecord: a row has at least {self.WIDTH_MIN} columns, got {width}")
+        self.width = int(width)
+        super().__init__()
+
+    def __deepcopy__(self, memo: dict) -> FusedNormRecord:
+        return type(self)(self.width)
+
+    def _infer_shape(self, *shapes):
+        name = type(self).__name__
+        if len(shapes) < 4:
+            raise TypeError(f"{name} takes scale, loss, config, counts, then the tensors; "
+                            f"got {len(shapes)} inputs")
+        for i, want in ((2, (2,)), (3, (5,))):
+            if tuple(shapes[i]) != want:
+                raise TypeError(f"{name}: input {i} must have shape {want}, got {tuple(shapes[i])}")
+        super()._infer_shape(*shapes[:2], *shapes[4:])
+        return [(), (), (1, self.width), (1,), (5,)]
+
+    def _infer_dtype(self, *dtypes):
+        name = type(self).__name__
+        for i in (2, 3):
+            if _element_type(dtypes[i]) != ms.int32:
+                raise TypeError(f"{name}: input {i} must be int32, got {dtypes[i]}")
+        super()._infer_dtype(*dtypes[:2], *dtypes[4:])
+        return [mstype.TensorType(d) for d in (ms.float32, ms.bool_, ms.float32, ms.int32, ms.int32)]

@@ -232,6 +232,7 @@ class GlobalNorm(nn.Cell):
         classes = [SHARDED if sharded[i] else (REPLICATED if counted[i] else UNCOUNTED) for i in range(n)]
         sizes = [int(np.prod(s)) for s in shapes]
         self.strategy = strategy
+        self.n_tensors = n
         self.per_tensor = per_tensor
         self.scaled = scaled
         self.has_shard = SHARDED in classes
@@ -271,6 +272,12 @@ class GlobalNorm(nn.Cell):
             raise ValueError("norm_strategy='fused' needs the fused norm kernel (gradmon.cells.fused_norm), "
                              "which is not built or does not load here; use 'auto' or 'bucketed'")
         return cls(shapes, setup, strategy, per_tensor, scaled, local)
+
+    def one_fused_pass(self) -> bool:
+        """Whether the norm is one fused-kernel launch over every gradient, whole and counted once (then
+        the step cell may use :class:`~gradmon.cells.fused_norm.FusedNormRecord`, which reads them so)."""
+        return (self.fused_op is not None and self.all_replicated and not self.per_tensor
+                and self.plan == ((REPLICATED, ((0, self.n_tensors, -1, -1),)),))
 
     def construct(self, grads, inv_scale):
         scale = inv_scale if self.scaled else None

@@ -3,7 +3,9 @@ ZClip's EMA z-score, and during its warm-up an early rule on the median and MAD 
 of log-norms, so the first steps are defended too.
 
 The device update is branch-free: every quantity is computed and ``select`` picks the right one,
-so GRAPH mode compiles it into straight-line kernels without control flow or host reads.
+so GRAPH mode compiles it into straight-line kernels without control flow or host reads. On CPU the
+step cell runs the same update as one fused kernel instead (:mod:`gradmon.cells.spike_kernel`);
+:func:`zclip_update` is its fallback elsewhere, and the statement both are tested against.
 """
 
 from __future__ import annotations

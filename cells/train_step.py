@@ -27,6 +27,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from ._compat import check_train_cell_layout, require_supported
 from .checks import check_loss_output, check_step_arguments, check_step_inputs, step_checks
 from .forensics import setup_forensics
+from .fused_norm import FusedNormRecord
 from .history import COUNTER_NAMES, history_fields
 from .host_read import HostReadMixin
 from .layouts import StepOutputs, backward_seed, split_network_outputs
@@ -35,7 +36,8 @@ from .norm_strategies import GlobalNorm
 from .options import StepOptions, check_stock_arguments
 from .parallel import read_parallel_setup
 from .snapshot import SnapshotMixin
-from .spike import initial_state, zclip_update
+from .spike import initial_state
+from .spike_kernel import SpikeDetector
 
 _add_into = ops.MultitypeFuncGraph("gradmon_add_into")
 _clear = ops.MultitypeFuncGraph("gradmon_clear")
@@ -186,6 +188,8 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
             # [finite steps seen, mean, variance, scale, early ring] of the detector: one read, one write.
             self.spike_state = Parameter(Tensor(initial_state(spike)), name="gradmon_spike_state",
                                          requires_grad=False)
+            # The update: one fused CPU kernel where it is available, else zclip_update's stock ops.
+            self.spike_detector = SpikeDetector(spike)
         if layer_stats:
             self.layer_sq = Parameter(Tensor(np.zeros(len(self.weight_names), np.float32)),
                                       name="gradmon_layer_sq", requires_grad=False)
@@ -197,6 +201,13 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
             self.counts = Parameter(Tensor(np.zeros(1 + len(COUNTER_NAMES), np.int32)),
                                     name="gradmon_counts", requires_grad=False)
             self._count_one = Tensor(np.ones(1, np.int32))
+        # The defaults (no clipping, detector, loss scale, local or per-layer norms): the row and the
+        # counters follow from the norm, so the fused kernel's one launch writes them (see _norm_and_record).
+        self.fused_record = (history_size > 0 and not self.clips and not self.spike_on and not loss_scale
+                             and not self.local_norm and self.grad_norm.one_fused_pass())
+        if self.fused_record:
+            self.norm_record = FusedNormRecord(len(self.fields))
+            self._record_config = Tensor(np.array([history_size, int(self.skip_nonfinite)], np.int32))
         if self.accumulates:
             self._setup_accumulation()
 
@@ -280,14 +291,17 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         """
         local = self._local_norm(grads, inv_scale)
         grads = self._reduce_grads(grads)
-        norm = self._global_norm(grads, inv_scale)
-        finite = ops.isfinite(norm)
+        if self.fused_record:
+            norm, finite = self._norm_and_record(loss, grads, inv_scale)
+        else:
+            norm = self._global_norm(grads, inv_scale)
+            finite = ops.isfinite(norm)
         zscore, spike, target = self._spike_status(norm, finite)
         coef = self._clip_coefficient(norm, finite, spike, target)
         update = self._update_grads(grads, coef, inv_scale)
         apply = self._update_allowed(finite, spike, scale_used)
         loss = self._guarded_update(loss, update, coef, apply)
-        if self.history_size > 0:
+        if self.history_size > 0 and not self.fused_record:
             # Flags fixed by the options are constants (no kernel): without clipping nothing is
             # clipped, and with the non-finite skip alone a step is skipped exactly when it is non-finite.
             clipped = ops.logical_and(apply, coef < 1.0) if self.clips else self._false
@@ -327,11 +341,26 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
             self.forensics_layers(layer_sq)
         return norm
 
+    def _norm_and_record(self, loss, grads, inv_scale):
+        """``(norm, finite)`` and this step's history row and counters, from one kernel launch
+        (``fused_record``: the defaults, where the row follows from the norm: clip_coef 1, zscore 0,
+        not clipped, no spike, skipped exactly when non-finite with ``skip_nonfinite``).
+
+        Replaces :meth:`_global_norm`, ``isfinite`` and :meth:`_record`'s ~12 scalar kernels by the
+        kernel, a row scatter and a counter store; the values are the same bits (the norm is the
+        fused path's, the loss is the step's float32 loss, the row's place ``steps mod size``).
+        """
+        scale = inv_scale if self.unscales else self._one
+        norm, finite, row, slot, counts = self.norm_record(scale, _as_scalar_f32(loss), self._record_config,
+                                                           self.counts, *grads)
+        ops.scatter_update(self.history, slot, row)
+        ops.assign(self.counts, counts)
+        return norm, finite
+
     def _spike_status(self, norm, finite):
         """``(zscore, spike, target)`` of the detector, its state advanced (off: ``(0, False, norm)``)."""
         if self.spike_on:
-            zscore, spike, target, state = zclip_update(norm, finite, self.spike_state, self.spike_warmup,
-                                                        self.spike_alpha, self.spike_z, self.spike_early)
+            zscore, spike, target, state = self.spike_detector(norm, finite, self.spike_state)
             ops.assign(self.spike_state, state)
             return zscore, spike, target
         return self._zero, self._false, norm

@@ -1,16 +1,19 @@
-"""The spike detector: numpy reference rules, the device update against it, config validation,
-plus the pure host helpers (ring unrolling, per-layer rows)."""
+"""The spike detector: numpy reference rules, the device update against it (the stock-op update
+and the fused kernel), config validation, plus the pure host helpers (ring unrolling, per-layer rows)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from gradmon.cells import HistorySnapshot, SpikeConfig
+from gradmon.cells.fused_build import KernelBuildError, find_compiler
 from gradmon.cells.history import BASE_FIELDS, history_fields, unroll_ring
 from gradmon.cells.layer_stats import layer_rows
 from gradmon.cells.spike import initial_state, zclip_update
+from gradmon.cells.spike_kernel import SpikeDetector
 from gradmon.cells.zclip_reference import NO_EARLY_RULE, ZClipState, zclip_run, zclip_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -136,14 +139,34 @@ def test_spike_config_validation():
 # -------------------------------------------------------------- device update vs the reference
 
 
-def _device_run(norms, warmup, alpha, z_thr, config: SpikeConfig | None = None):
+def _kernel_or_skip():
+    # Only a missing compiler skips: a kernel that fails its self-test must fail these tests.
+    try:
+        find_compiler()
+    except KernelBuildError as exc:
+        return pytest.mark.skipif(True, reason=f"no C++ compiler here: {exc}")
+    return pytest.mark.skipif(False, reason="")
+
+
+# The op path (zclip_update, the fallback) and the fused kernel both answer to the reference.
+IMPLS = ["ops", pytest.param("kernel", marks=_kernel_or_skip())]
+
+
+def _device_run(norms, warmup, alpha, z_thr, config: SpikeConfig | None = None, impl: str = "ops"):
     config = config or SpikeConfig(early_window=0)
     state = Tensor(initial_state(config))
+    update = None
+    if impl == "kernel":
+        update = SpikeDetector(replace(config, warmup=warmup, alpha=alpha, z_threshold=z_thr), fused=True)
     out = []
     for v in norms:
         norm = Tensor(np.float32(v))
         finite = Tensor(bool(np.isfinite(v)))
-        z, spike, target, state = zclip_update(norm, finite, state, warmup, alpha, z_thr, config.early_rule())
+        if update is None:
+            z, spike, target, state = zclip_update(norm, finite, state, warmup, alpha, z_thr,
+                                                   config.early_rule())
+        else:
+            z, spike, target, state = update(norm, finite, state)
         out.append((float(z.asnumpy()), bool(spike.asnumpy()), float(target.asnumpy())))
     values = state.asnumpy()
     count, mean, var = values[:3].tolist()
@@ -156,14 +179,15 @@ norm_values = st.one_of(
 )
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @settings(max_examples=60, deadline=None)
 @given(norms=st.lists(norm_values, min_size=1, max_size=14),
        warmup=st.integers(2, 5), alpha=st.sampled_from([0.5, 0.9, 0.97]), z_thr=st.sampled_from([1.0, 2.5]))
-def test_device_update_matches_reference(norms, warmup, alpha, z_thr):
+def test_device_update_matches_reference(impl, norms, warmup, alpha, z_thr):
     norms = [float(np.float32(v)) for v in norms]
     ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=alpha, z_threshold=z_thr,
                                      early=NO_EARLY_RULE)
-    dev_steps, (count, mean, var, _, _) = _device_run(norms, warmup, alpha, z_thr)
+    dev_steps, (count, mean, var, _, _) = _device_run(norms, warmup, alpha, z_thr, impl=impl)
     for ref, (z, spike, target), v in zip(ref_steps, dev_steps, norms):
         if not math.isfinite(v):
             assert z == 0.0 and not spike
@@ -193,18 +217,19 @@ early_norms = st.one_of(
 )
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @settings(max_examples=15, deadline=None)
 @given(norms=st.lists(early_norms, min_size=1, max_size=16), warmup=st.integers(2, 30),
        window=st.sampled_from([1, 4, 5, 16]), ratios=st.sampled_from([(4.0, 8.0), (2.0, 2.0), (1.5, 30.0)]),
        floor=st.sampled_from([0.0, 0.01, 0.5]))
-def test_device_early_rule_matches_reference(norms, warmup, window, ratios, floor):
+def test_device_early_rule_matches_reference(impl, norms, warmup, window, ratios, floor):
     config = SpikeConfig(early_window=window, early_min_ratio=ratios[0], early_max_ratio=ratios[1],
                          floor=floor)
     norms = [float(np.float32(v)) for v in norms]
     ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=config.alpha, z_threshold=config.z_threshold,
                                      early=config.reference_rule())
     dev_steps, (count, _, _, scale, ring) = _device_run(norms, warmup, config.alpha, config.z_threshold,
-                                                        config)
+                                                        config, impl)
     agree = True
     for ref, (z, spike, target) in zip(ref_steps, dev_steps):
         # float32 log on device and in numpy may differ by an ulp: a verdict at the threshold may differ

@@ -22,9 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_helpers import append, get_json, header, make_run, step, wait_for
 
-from gradmon.server import history
+from gradmon.server import history, runs
 from gradmon.server.app import start_server
 from gradmon.server.history import HistoryOptions
+from gradmon.server.pyramid import STORED_LEVELS
 from gradmon.server.runs import Run
 from gradmon.server.sidecar import sidecar_dir
 
@@ -113,8 +114,24 @@ def _write(path: Path, lines: list[str], mode: str = "a") -> None:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(segments=st.lists(_segment, min_size=1, max_size=4), extras=st.lists(_extra, min_size=1, max_size=6),
        values=st.lists(_value, min_size=1, max_size=20), cut=st.floats(0.0, 1.0),
-       rotate=st.booleans(), restart=st.booleans())
-def test_the_sidecar_agrees_with_a_fresh_parse(segments, extras, values, cut, rotate, restart):
+       rotate=st.booleans(), restart=st.booleans(), tail=st.sampled_from([1, 2, 256]))
+def test_the_sidecar_agrees_with_a_fresh_parse(segments, extras, values, cut, rotate, restart, tail):
+    # tail: the stored pyramid levels are written every `tail` summaries (and at each checkpoint)
+    with _tail_max(tail):
+        _agrees_with_a_fresh_parse(segments, extras, values, cut, rotate, restart)
+
+
+@contextlib.contextmanager
+def _tail_max(n: int):
+    saved = runs.TAIL_MAX
+    runs.TAIL_MAX = n
+    try:
+        yield
+    finally:
+        runs.TAIL_MAX = saved
+
+
+def _agrees_with_a_fresh_parse(segments, extras, values, cut, rotate, restart):
     lines = _log_lines(segments, extras, values)
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "metrics.jsonl"
@@ -183,7 +200,7 @@ def test_a_truncated_log_rebuilds_the_sidecar(log: Path):
 
 
 @pytest.mark.parametrize("damage", ["state_payload", "state_header", "column_short", "state_gone",
-                                    "dir_file"])
+                                    "dir_file", "level_short", "level_name"])
 def test_a_damaged_sidecar_is_rebuilt_with_nothing_lost(log: Path, damage: str):
     side = Path(sidecar_dir(str(log)))
     state = side / "state"
@@ -196,6 +213,16 @@ def test_a_damaged_sidecar_is_rebuilt_with_nothing_lost(log: Path, damage: str):
     elif damage == "column_short":
         col = side / "col.0"
         os.truncate(col, col.stat().st_size // 2)
+    elif damage == "level_short":
+        lvl = side / "lvl0.f0"
+        os.truncate(lvl, lvl.stat().st_size - 8)
+    elif damage == "level_name":  # a crafted header naming a file outside the directory
+        head, payload = state.read_bytes().split(b"\n", 1)
+        fields = json.loads(head)
+        victim = log.parent / "victim"
+        victim.write_bytes(b"keep me")
+        fields["files"] = {**fields["files"], "../victim": 0}
+        state.write_bytes(json.dumps(fields).encode() + b"\n" + payload)
     elif damage == "state_gone":
         state.unlink()
     else:  # something that is not a sidecar directory where it would be: from memory
@@ -204,6 +231,8 @@ def test_a_damaged_sidecar_is_rebuilt_with_nothing_lost(log: Path, damage: str):
     run = _restored(log)
     assert run.restored == 0
     assert (run.sidecar is None) == (damage == "dir_file")
+    if damage == "level_name":
+        assert (log.parent / "victim").read_bytes() == b"keep me"
     assert_same_answers(run, log)
     if run.sidecar is not None:  # rebuilt: the next start restores it
         run.close()
@@ -225,6 +254,59 @@ def test_a_state_file_naming_other_code_is_refused(log: Path, tmp_path: Path):
     run = _restored(log)
     assert run.restored == 0 and not marker.exists()
     assert_same_answers(run, log)
+
+
+def test_stored_levels_extended_as_the_log_grows_agree_with_a_fresh_parse(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(runs, "TAIL_MAX", 3)  # written every 3 summaries (256 by default)
+    path = make_run(tmp_path, "s", 12_000)  # then 36,000 steps: 281 base buckets, 5 levels
+    run = Run("r", str(path))
+    drain(run, 1 << 16)
+    for first in (12_001, 24_001):  # the log grows while served, the levels' files with it
+        append(path, [step(i, grad_norm=1.0 + (i % 7)) for i in range(first, first + 12_000)])
+        drain(run, 1 << 16)
+        pyramid = run.index.steps.pyramid
+        stored = pyramid.levels[:STORED_LEVELS]
+        assert all(lvl.stored > 0 and lvl.tail < 3 for lvl in stored)
+        assert all(lvl.store is None for lvl in pyramid.levels[STORED_LEVELS:])
+        assert_same_answers(run, path)
+    assert len(pyramid.levels) > STORED_LEVELS
+    size0 = (Path(sidecar_dir(str(path))) / "lvl0.b").stat().st_size
+    assert size0 == pyramid.levels[0].stored * 32
+    run.close()  # the checkpoint writes the tails
+    again = _restored(path)
+    assert again.restored == path.stat().st_size
+    assert again.index.steps.pyramid.levels[0].tail == 0
+    assert_same_answers(again, path)
+
+
+def test_a_query_leaves_no_level_file_mapped(tmp_path: Path, monkeypatch):
+    # (the pages a query read would stay in the server's RSS while mapped)
+    monkeypatch.setattr(runs, "TAIL_MAX", 1)
+    path = make_run(tmp_path, "m", 3000)
+    run = Run("r", str(path))
+    drain(run)
+    stores = [lvl.store for lvl in run.index.steps.pyramid.levels[:STORED_LEVELS]]
+    assert all(s is not None and s.size > 0 for s in stores)
+    assert answer(run, 700, 1900, 40) == answer(fresh(path), 700, 1900, 40)
+    assert all(s._maps is None for s in stores)
+
+
+def test_a_sidecar_dropped_by_a_failed_write_keeps_the_stored_levels(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(runs, "TAIL_MAX", 2)
+    path = make_run(tmp_path, "d", 3000)
+    run = Run("r", str(path))
+    drain(run, 8192)
+    assert run.index.steps.pyramid.levels[0].stored > 0
+
+    def full(*_a):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run.sidecar, "flush", full)
+    append(path, [step(i) for i in range(3001, 3500)])
+    drain(run, 8192)
+    assert run.sidecar is None and not Path(sidecar_dir(str(path)), "lvl0.b").exists()
+    assert all(lvl.store is None for lvl in run.index.steps.pyramid.levels)
+    assert_same_answers(run, path)
 
 
 def test_a_second_server_of_the_same_log_works_from_memory(log: Path):

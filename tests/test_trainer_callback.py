@@ -162,6 +162,21 @@ def test_spike_defence_flags_clips_and_alarms_once_on_a_loss_spike(tmp_path):
     assert len(events_of(recs, "alarm")) == 1 and len(events_of(recs, "spike")) == 1
 
 
+def test_spike_defence_clips_an_early_fault_inside_the_warm_up(tmp_path):
+    # The default warm-up is 100 steps: a x1000 batch at the 8th step is judged by the early rule
+    # (median/MAD of the first log-norms), as in MonitoredTrainStep, not waved through.
+    log = tmp_path / "metrics.jsonl"
+    loop = DefendedLoop(duck_config(steps=10, max_norm=100.0), callbacks=[TrainerLiveMonitor(log)],
+                        batches=lambda step: make_batch(step, scale=1000.0 if step == 7 else 1.0),
+                        spike_mode="clip")
+    loop.train()
+    recs = records(log)
+    steps = steps_of(recs)
+    assert recs[0]["trainer"]["spike"]["warmup"] == 100 and recs[0]["trainer"]["spike"]["early_window"] == 16
+    assert [r["step"] for r in steps if r.get("spike")] == [8]
+    assert steps[7]["clipped"] and steps[7]["clip_coef"] < 0.05
+
+
 def _weights_change(mode, tmp_path):
     seen = []
 

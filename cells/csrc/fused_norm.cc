@@ -35,7 +35,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;
 constexpr int64_t kChunk = int64_t{1} << 15;         // elements per chunk: 128 KiB of float32
 constexpr int64_t kParallelMin = int64_t{1} << 18;   // below this many elements one thread is faster
 constexpr int kMaxThreads = 16;
@@ -348,6 +348,50 @@ int GradmonNormClipCoef(int nparam, void **params, int *ndims, int64_t **shapes,
   coef = std::isfinite(norm) ? (coef < 1.0f ? coef : 1.0f) : 1.0f;
   *static_cast<float *>(params[nparam - 2]) = norm;
   *static_cast<float *>(params[nparam - 1]) = coef;
+  return 0;
+}
+
+// The defaults' monitoring in one launch (MonitoredTrainStep with no clipping, detector, loss scale or
+// per-tensor sums): with those options the step's whole history row and its counters follow from the
+// norm, so they are written here instead of by ~12 scalar kernels. The norm is GradmonSquaredNorm's
+// float32 sum followed by a float32 sqrt: the bits of the two-launch form it replaces.
+// inputs:  scale, loss (float32 scalars); config (int32 [2]: ring rows, skips -- non-zero when a
+//          non-finite step is skipped); counts (int32 [5]: steps, clipped, spikes, skipped, nonfinite);
+//          g_1..g_n;
+// outputs: norm (float32 scalar); finite (bool scalar); row (float32 [1, width >= 8]: loss, norm,
+//          clip_coef 1, zscore 0, clipped 0, spike 0, skipped, nonfinite, zeros after); slot (int32 [1]:
+//          steps mod ring rows, where the row goes); counts after this step (int32 [5]).
+int GradmonNormRecord(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                      void *) {
+  constexpr int kInputs = 4, kOutputs = 5, kCounts = 5, kBaseWidth = 8;
+  if (nparam < kInputs + kOutputs || !IsFloat32(dtypes[0]) || !IsFloat32(dtypes[1])) return 1;
+  const int out = nparam - kOutputs;
+  if (Elements(ndims[2], shapes[2]) != 2 || Elements(ndims[3], shapes[3]) != kCounts) return 3;
+  if (Elements(ndims[out + 3], shapes[out + 3]) != 1 || Elements(ndims[out + 4], shapes[out + 4]) != kCounts) {
+    return 3;
+  }
+  const int64_t width = Elements(ndims[out + 2], shapes[out + 2]);
+  if (width < kBaseWidth) return 3;
+  std::vector<double> sums;
+  if (!PerTensorSquares(params, ndims, shapes, dtypes, kInputs, out - kInputs, &sums)) return 2;
+  const float squared = static_cast<float>(ScaleSquared(params[0]) * TotalOf(sums));
+  const float norm = std::sqrt(squared);  // float32 sqrt, correctly rounded: ops.sqrt's result
+  const bool finite = std::isfinite(norm);
+  const auto *config = static_cast<const int32_t *>(params[2]);
+  const auto *counts = static_cast<const int32_t *>(params[3]);
+  const int32_t rows = config[0] > 0 ? config[0] : 1;
+  const bool skipped = !finite && config[1] != 0;
+  *static_cast<float *>(params[out]) = norm;
+  *static_cast<bool *>(params[out + 1]) = finite;
+  auto *row = static_cast<float *>(params[out + 2]);
+  const float values[kBaseWidth] = {*static_cast<const float *>(params[1]), norm, 1.0f, 0.0f, 0.0f, 0.0f,
+                                    skipped ? 1.0f : 0.0f, finite ? 0.0f : 1.0f};
+  for (int64_t i = 0; i < width; ++i) row[i] = i < kBaseWidth ? values[i] : 0.0f;
+  int32_t slot = counts[0] % rows;
+  *static_cast<int32_t *>(params[out + 3]) = slot < 0 ? slot + rows : slot;  // floor_mod
+  auto *after = static_cast<int32_t *>(params[out + 4]);
+  const int32_t add[kCounts] = {1, 0, 0, skipped ? 1 : 0, finite ? 0 : 1};
+  for (int i = 0; i < kCounts; ++i) after[i] = counts[i] + add[i];
   return 0;
 }
 

@@ -8,8 +8,9 @@ The trainer's optimizer step (``Trainer._optimizer_update`` in mindformers 2.1) 
 
 :class:`SpikeDefence` overrides the one seam there, ``_should_skip_optimizer_step(global_norm)``:
 after the trainer's own NaN rule it runs gradmon's adaptive spike rule (ZClip,
-:func:`gradmon.cells.spike.zclip_update`, the same update ``MonitoredTrainStep`` runs, on the norm
-tensor in PyNative) on the trainer's norm, before the optimizer step, with the same semantics:
+:class:`gradmon.cells.spike_kernel.SpikeDetector`, the same update ``MonitoredTrainStep`` runs, early
+rule included, so the first steps are defended too; one fused kernel on CPU, on the norm tensor in
+PyNative) on the trainer's norm, before the optimizer step, with the same semantics:
 
 - ``detect``: flag the spike (``spike`` and ``zscore`` in the log);
 - ``clip``: scale the step's gradients to the detector's target; combined with the trainer's
@@ -39,10 +40,10 @@ import warnings
 from typing import Any
 
 import mindspore as ms
-import numpy as np
 from mindspore import Tensor, ops
 
-from gradmon.cells.spike import SpikeConfig, zclip_update
+from gradmon.cells.spike import SpikeConfig, initial_state
+from gradmon.cells.spike_kernel import SpikeDetector
 
 from .trainer_callback import close_trainer_monitors
 from .trainer_state import (
@@ -83,16 +84,19 @@ class SpikeDefence:
     """Mixin for mindformers' PyNative ``Trainer`` (put it first): gradmon's spike rule on the
     trainer's global norm (module docstring). Keyword arguments, besides the trainer's own:
     ``spike_mode`` (``"detect"``, ``"clip"``, ``"skip"``; default ``"clip"``), ``spike_warmup``,
-    ``spike_alpha``, ``spike_z`` (:class:`gradmon.cells.SpikeConfig`'s settings)."""
+    ``spike_alpha``, ``spike_z``, ``spike_early_window`` (:class:`gradmon.cells.SpikeConfig`'s
+    settings; the early rule judges from the 5th finite step on, as in ``MonitoredTrainStep``)."""
 
     def __init__(self, *args: Any, spike_mode: str = "clip", spike_warmup: int = SpikeConfig.warmup,
                  spike_alpha: float = SpikeConfig.alpha, spike_z: float = SpikeConfig.z_threshold,
-                 **kwargs: Any) -> None:
-        self.gradmon_spike = SpikeConfig(spike_mode, spike_warmup, spike_alpha, spike_z)
+                 spike_early_window: int = SpikeConfig.early_window, **kwargs: Any) -> None:
+        self.gradmon_spike = SpikeConfig(spike_mode, spike_warmup, spike_alpha, spike_z,
+                                         early_window=spike_early_window)
         if not self.gradmon_spike.enabled:
             raise ValueError("SpikeDefence needs spike_mode 'detect', 'clip' or 'skip' (for no defence, "
                              "use the trainer itself)")
-        self._gradmon_spike_state = Tensor(np.zeros(3, np.float32))
+        self._gradmon_spike_detector = SpikeDetector(self.gradmon_spike)
+        self._gradmon_spike_state = Tensor(initial_state(self.gradmon_spike))
         super().__init__(*args, **kwargs)
         warning = runner_wrapper_warning(getattr(self, "config", None))
         if warning is not None:
@@ -101,7 +105,7 @@ class SpikeDefence:
     def gradmon_spike_settings(self) -> dict[str, Any]:
         spike = self.gradmon_spike
         return {"mode": spike.mode, "warmup": spike.warmup, "alpha": spike.alpha,
-                "z_threshold": spike.z_threshold}
+                "z_threshold": spike.z_threshold, "early_window": spike.early_window}
 
     def _init_train_state(self) -> Any:
         state = super()._init_train_state()  # type: ignore[misc]
@@ -131,8 +135,8 @@ class SpikeDefence:
         spike_cfg = self.gradmon_spike
         norm = ops.cast(global_norm if isinstance(global_norm, Tensor) else Tensor(float(global_norm)),
                         ms.float32).reshape(())
-        zscore, spike, target, state = zclip_update(norm, ops.isfinite(norm), self._gradmon_spike_state,
-                                                    spike_cfg.warmup, spike_cfg.alpha, spike_cfg.z_threshold)
+        zscore, spike, target, state = self._gradmon_spike_detector(norm, ops.isfinite(norm),
+                                                                   self._gradmon_spike_state)
         self._gradmon_spike_state = state
         is_spike = bool(spike.asnumpy())
         outcome: dict[str, Any] = {"step": int(self.state.global_step) + 1,  # type: ignore[attr-defined]

@@ -171,8 +171,11 @@ class RunIndex:
     def plan_history(self, start: float, end: float, points: int, cursor: int) -> HistoryPlan:
         """``query.plan_history`` on this index (see there)."""
         steps = self.steps
-        return plan_history(steps.pyramid, steps.open_summary(), self.segments, steps.series_names(),
-                            start, end, points, cursor)
+        try:
+            return plan_history(steps.pyramid, steps.open_summary(), self.segments, steps.series_names(),
+                                start, end, points, cursor)
+        finally:
+            steps.pyramid.release()
 
     def snapshot(self) -> IndexSnapshot:
         """A copy of what a history answer takes from the index besides the series (cheap: no

@@ -6,9 +6,9 @@ merge into one bucket of the level above. A history query walks down from the to
 level that fits the requested points (``query.py``), so its cost depends on the points asked
 for, not on the run's length. Each base bucket also stores the byte offset of its first record: a
 sparse offset index, so a zoomed range is read back from the file at full resolution by seeking.
-Levels are stored column-wise in compact arrays (see benchmarks/README.md for the memory figures).
-
-Pure data structure: no I/O.
+Levels are stored column-wise in compact arrays (see benchmarks/README.md for the memory figures);
+with an index sidecar, the four finest levels live in its files (:meth:`Pyramid.attach`,
+``levelfiles.py``: the only I/O, behind ``Level.store``), and only their newest summaries in memory.
 """
 
 from __future__ import annotations
@@ -16,14 +16,22 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 from typing import Any
 
 from gradmon.server.values import FAST_TYPES, number
 
-__all__ = ["BUCKET", "FANOUT", "Level", "Pyramid", "Summary", "column_summary", "merge_summaries"]
+__all__ = ["BUCKET", "FANOUT", "STORED_LEVELS", "TAIL_MAX", "Level", "Pyramid", "Summary", "column_summary",
+           "merge_summaries"]
 
 BUCKET = 128  # step records per base bucket
 FANOUT = 4  # buckets of a level per bucket of the level above
+# Levels kept in a sidecar's files when there is one (levelfiles.py): the four finest hold 255/256 of
+# the buckets; the others (~4 MB for 10M steps of ten fields) stay in memory and in the checkpoint.
+STORED_LEVELS = 4
+# A stored level's tail is written once it holds this many summaries (~180 KB for ten fields; the
+# write, on the event loop, packs them: ~1-3 ms).
+TAIL_MAX = 256
 
 
 def column_summary(values: Sequence[Any], steps: list[int]) -> tuple[list | None, bool]:
@@ -128,27 +136,52 @@ def merge_summaries(parts: Sequence[Summary]) -> Summary:
 
 
 _FIELD_TYPECODES = ("I", "q", "d", "q", "d", "q", "d", "q", "d")
+_BASE_COLUMNS = ("lo", "hi", "n", "offset")
 
 
 class Level:
-    """Summaries of one pyramid level, stored column-wise in compact arrays."""
+    """Summaries of one pyramid level, stored column-wise in compact arrays; with a ``store``
+    (``levelfiles.LevelFile``, see :meth:`Pyramid.attach`), the first ``store.size`` of them are
+    in its files and the arrays hold the rest (the *tail*), written by :meth:`flush`."""
 
     def __init__(self) -> None:
         self.size = 0
-        self.lo = array("q")
-        self.hi = array("q")
-        self.n = array("I")
-        self.offset = array("q")
-        self.fields: dict[str, list[array]] = {}
+        self.store: Any = None
+        self._lo = array("q")
+        self._hi = array("q")
+        self._n = array("I")
+        self._offset = array("q")
+        self.fields: dict[str, list[array]] = {}  # the tail's (every field the level has)
+
+    @property
+    def stored(self) -> int:
+        """Summaries in the store (the tail's first is summary ``stored``)."""
+        return 0 if self.store is None else self.store.size
+
+    @property
+    def tail(self) -> int:
+        """Summaries in memory, not in the store."""
+        return self.size - self.stored
+
+    def _column(self, k: int) -> Sequence[int]:
+        tail = (self._lo, self._hi, self._n, self._offset)[k]
+        return tail if self.store is None else _Joined(self, k, tail)
+
+    # Whole columns as sequences (for bisection: ``segments.bucket_cover``); see also span/count/offset_at.
+    lo = property(lambda self: self._column(0))
+    hi = property(lambda self: self._column(1))
+    n = property(lambda self: self._column(2))
+    offset = property(lambda self: self._column(3))
 
     def append(self, s: Summary) -> None:
+        tail = self.tail
         for name in s.fields:
             if name not in self.fields:
-                self.fields[name] = [array(tc, [0]) * self.size for tc in _FIELD_TYPECODES]
-        self.lo.append(int(s.lo))
-        self.hi.append(int(s.hi))
-        self.n.append(s.n)
-        self.offset.append(s.offset)
+                self.fields[name] = [array(tc, [0]) * tail for tc in _FIELD_TYPECODES]
+        self._lo.append(int(s.lo))
+        self._hi.append(int(s.hi))
+        self._n.append(s.n)
+        self._offset.append(s.offset)
         for name, cols in self.fields.items():
             f = s.fields.get(name)
             if f is None:
@@ -160,12 +193,88 @@ class Level:
         self.size += 1
 
     def get(self, i: int) -> Summary:
-        s = Summary(self.offset[i])
-        s.lo, s.hi, s.n = self.lo[i], self.hi[i], self.n[i]
+        k = self.stored
+        if i < k:
+            lo, hi, n, offset = self.store.base(i)
+            s = Summary(offset)
+            s.lo, s.hi, s.n = lo, hi, n
+            s.fields = self.store.fields_at(i)
+            return s
+        i -= k
+        s = Summary(self._offset[i])
+        s.lo, s.hi, s.n = self._lo[i], self._hi[i], self._n[i]
         for name, cols in self.fields.items():
             if cols[0][i]:
                 s.fields[name] = [c[i] for c in cols]
         return s
+
+    def span(self, i: int) -> tuple[int, int]:
+        """Summary ``i``'s smallest and largest step."""
+        k = self.stored
+        if i < k:
+            return self.store.span(i)
+        return self._lo[i - k], self._hi[i - k]
+
+    def count(self, i: int) -> int:
+        """Summary ``i``'s number of records."""
+        k = self.stored
+        return self.store.column(i, 2) if i < k else self._n[i - k]
+
+    def offset_at(self, i: int) -> int:
+        """The byte offset of summary ``i``'s first record."""
+        k = self.stored
+        return self.store.column(i, 3) if i < k else self._offset[i - k]
+
+    def flush(self) -> None:
+        """Write the tail to the store (raises ``OSError`` when that fails: then it stays here)."""
+        if self.store is None or self.tail == 0:
+            return
+        self.store.append(self._lo, self._hi, self._n, self._offset, self.fields)
+        self._lo, self._hi, self._n, self._offset = array("q"), array("q"), array("I"), array("q")
+        self.fields = {name: [array(tc) for tc in _FIELD_TYPECODES] for name in self.fields}
+
+    def detach(self) -> None:
+        """Read the store's summaries back into memory and forget the store (it is going away)."""
+        store, k = self.store, self.stored
+        if store is None:
+            return
+        lo, hi, n, offset = array("q"), array("q"), array("I"), array("q")
+        fields = {name: [array(tc) for tc in _FIELD_TYPECODES] for name in self.fields}
+        for i in range(k):
+            b = store.base(i)
+            lo.append(b[0])
+            hi.append(b[1])
+            n.append(b[2])
+            offset.append(b[3])
+            got = store.fields_at(i)
+            for name, cols in fields.items():
+                f = got.get(name)
+                for c, v in zip(cols, f if f is not None else repeat(0, 9)):
+                    c.append(v)
+        self._lo, self._hi, self._n = lo + self._lo, hi + self._hi, n + self._n
+        self._offset = offset + self._offset
+        self.fields = {name: [a + b for a, b in zip(fields[name], t)] for name, t in self.fields.items()}
+        store.release()
+        self.store = None
+
+
+class _Joined(Sequence):
+    """One base column of a level with a store: the store's values, then the tail's."""
+
+    def __init__(self, level: Level, k: int, tail: array) -> None:
+        self._store, self._stored, self._k, self._tail = level.store, level.stored, k, tail
+
+    def __len__(self) -> int:
+        return self._stored + len(self._tail)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if i < self._stored:
+            return self._store.column(i, self._k)
+        return self._tail[i - self._stored]
 
 
 class Pyramid:
@@ -175,6 +284,52 @@ class Pyramid:
 
     def __init__(self) -> None:
         self.levels: list[Level] = [Level()]
+        self.directory: str | None = None  # where the stored levels' files are (attach)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"levels": self.levels}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.levels, self.directory = state["levels"], None
+
+    # ---- stored levels (levelfiles.py) ----------------------------------------------------
+
+    def attach(self, directory: str) -> None:
+        """Keep the ``STORED_LEVELS`` finest levels in files of ``directory`` (a sidecar's), from
+        now on; a restored pyramid's stores find their files there again."""
+        from gradmon.server.levelfiles import LevelFile
+
+        self.directory = directory
+        for k, lvl in enumerate(self.levels[:STORED_LEVELS]):
+            if lvl.store is None:
+                lvl.store = LevelFile(k)
+            lvl.store.attach(directory)
+
+    def flush(self, min_tail: int = 1) -> None:
+        """Write the stored levels' tails of at least ``min_tail`` summaries (raises ``OSError``)."""
+        for lvl in self.levels[:STORED_LEVELS]:
+            if lvl.tail >= min_tail:
+                lvl.flush()
+
+    def detach(self) -> None:
+        """Hold every level in memory again (the files are going away)."""
+        for lvl in self.levels:
+            lvl.detach()
+        self.directory = None
+
+    def release(self) -> None:
+        """Drop the stored levels' maps (after a query: what it read leaves this process's memory)."""
+        for lvl in self.levels[:STORED_LEVELS]:
+            if lvl.store is not None:
+                lvl.store.release()
+
+    def files(self) -> dict[str, int]:
+        """The stored levels' files and the bytes each must hold."""
+        out: dict[str, int] = {}
+        for lvl in self.levels:
+            if lvl.store is not None:
+                out.update(lvl.store.lengths())
+        return out
 
     @property
     def base(self) -> Level:
@@ -189,5 +344,7 @@ class Pyramid:
             merged = merge_summaries([lvl.get(i) for i in range(lvl.size - FANOUT, lvl.size)])
             if level + 1 == len(self.levels):
                 self.levels.append(Level())
+                if self.directory is not None and level + 1 < STORED_LEVELS:
+                    self.attach(self.directory)
             self.levels[level + 1].append(merged)
             level += 1

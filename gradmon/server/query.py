@@ -74,7 +74,7 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
             return plan
     series: dict[str, tuple[list[int], list[float]]] = {}
     inner = [nd for nd in nodes if not view.partial(nd, start, end)]
-    edges = [(view.node(nd).offset, view.node_end(nd, cursor), start, end,
+    edges = [(view.offset(nd), view.node_end(nd, cursor), start, end,
               view.buckets.partial.get(nd[1], ()) if nd[0] == 0 else ())
              for nd in nodes if view.partial(nd, start, end)]  # base buckets only, after refine_edges
     summaries = [view.node(nd) for nd in inner]
@@ -104,7 +104,7 @@ def _read_plan(view: _View, start: float, end: float, read_max: int, cursor: int
         return None
     ranges: list[tuple[int, int]] = []
     for nd in fine:
-        lo, hi = view.node(nd).offset, view.node_end(nd, cursor)
+        lo, hi = view.offset(nd), view.node_end(nd, cursor)
         if ranges and ranges[-1][1] == lo:
             ranges[-1] = (ranges[-1][0], hi)
         else:
@@ -134,17 +134,17 @@ class _View:
         if level < 0:
             o = self.open
             return o is not None and o.lo <= end and o.hi >= start
-        lvl = self.pyramid.levels[level]
         width = FANOUT**level
         if self.buckets.gone_starts and self.buckets.all_gone(i * width, (i + 1) * width):
             return False  # every record under this node was replaced
-        return lvl.lo[i] <= end and lvl.hi[i] >= start
+        lo, hi = self.pyramid.levels[level].span(i)
+        return lo <= end and hi >= start
 
     def count(self, node: tuple[int, int]) -> int:
         level, i = node
         if level < 0:
             return self.open.n if self.open is not None else 0
-        return self.pyramid.levels[level].n[i]
+        return self.pyramid.levels[level].count(i)
 
     def cover(self, start: float, end: float, max_nodes: int) -> list[tuple[int, int]]:
         """Nodes ``(level, index)`` (level -1: the open bucket), in file order, that overlap the
@@ -195,9 +195,23 @@ class _View:
                        if self.overlaps((lv - 1, c), start, end))
         return out
 
+    def span(self, node: tuple[int, int]) -> tuple[float, float]:
+        level, i = node
+        if level < 0:
+            assert self.open is not None
+            return self.open.lo, self.open.hi
+        return self.pyramid.levels[level].span(i)
+
+    def offset(self, node: tuple[int, int]) -> int:
+        level, i = node
+        if level < 0:
+            assert self.open is not None
+            return self.open.offset
+        return self.pyramid.levels[level].offset_at(i)
+
     def partial(self, node: tuple[int, int], start: float, end: float) -> bool:
-        s = self.node(node)
-        return s.lo < start or s.hi > end or self.must_split(node)
+        lo, hi = self.span(node)  # (not self.node(): a Summary with every field is 10x the cost)
+        return lo < start or hi > end or self.must_split(node)
 
     def refine_edges(self, nodes: list[tuple[int, int]], start: float, end: float) -> list[tuple[int, int]]:
         """Split nodes that only partly overlap the range down to base buckets: their min/max may
@@ -223,7 +237,7 @@ class _View:
             return cursor
         base = self.pyramid.levels[0]
         if i + 1 < base.size:
-            return base.offset[i + 1]
+            return base.offset_at(i + 1)
         return self.open.offset if self.open is not None else cursor
 
     def must_split(self, node: tuple[int, int]) -> bool:

@@ -22,6 +22,7 @@ from gradmon.server.columns import step_rows
 from gradmon.server.derived import Derived, splice
 from gradmon.server.index import RunIndex
 from gradmon.server.parse import ParsedLines
+from gradmon.server.pyramid import TAIL_MAX
 from gradmon.server.sidecar import ColumnsRef, Sidecar
 from gradmon.server.tail import FileTailer
 
@@ -34,8 +35,9 @@ MAX_RUNS = 2_000
 STALE_AFTER_S = 120.0  # a run not finished whose file has not grown for this long is "stale"
 # When the index is checkpointed into its sidecar (sidecar.py): once the backlog is read, then
 # every CHECKPOINT_S while the log grows, every CHECKPOINT_BYTES of a long backlog, and when the
-# server stops. Each costs the event loop the pickling of the index (~0.1 s for 2M steps), so they
-# are rare; a server killed in between re-reads what it read since from the log at its next start.
+# server stops. Each costs the event loop the pickling of what the index holds in memory (~3 ms for
+# 2M steps: the finest pyramid levels are in files already); a server killed in between re-reads
+# what it read since from the log at its next start.
 CHECKPOINT_S = 300.0
 CHECKPOINT_BYTES = 256 << 20
 FLUSH_BYTES = 512 << 10  # the rows of a backlog go to the sidecar in pieces of this size (RSS: +~1 MB)
@@ -128,6 +130,7 @@ class Run:
         self.indexing = True  # until the first poll that reaches the end of the file
         self.missing = False
         self.restored = 0  # bytes of the log whose index came from the sidecar
+        self._lost = False  # the index lost its stored levels: re-read the log at the next poll
         self.sidecar = Sidecar.open(path) if sidecar else None
         self._checkpoint_time = time.monotonic()
         if self.sidecar is not None:
@@ -139,8 +142,14 @@ class Run:
         got = sc.load(self.path)
         if got is not None and self.tailer.resume(got[1]):
             self.index, self.restored = got
-            return
-        self._with_sidecar(sc.reset)
+        else:
+            self._with_sidecar(sc.reset)
+        self._attach()
+
+    def _attach(self) -> None:
+        """Keep the index's finest pyramid levels in the sidecar's files (levelfiles.py)."""
+        if self.sidecar is not None:
+            self.index.steps.pyramid.attach(self.sidecar.path)
 
     def _with_sidecar(self, fn: Any, *args: Any) -> None:
         """Call a sidecar method; when it fails (a full disk, a directory gone read-only), go on
@@ -153,6 +162,11 @@ class Run:
         except OSError as exc:
             log.warning("index sidecar of %s dropped (%s): indexing from memory", self.path, exc)
             self.sidecar = None
+            try:
+                self.index.steps.pyramid.detach()  # before its files go
+            except (OSError, ValueError) as exc2:  # (cannot be read: index the log again, from memory)
+                log.warning("index of %s lost with its sidecar (%s): re-indexing", self.path, exc2)
+                self._lost = True
             with contextlib.suppress(OSError):
                 sc.reset()
             sc.close()
@@ -214,6 +228,11 @@ class Run:
         """Read what was appended. Returns ``(reset, batch, more)``: ``reset`` when the file was
         truncated or replaced (the index restarts, a new generation begins), the new records if
         any, and whether more bytes are waiting."""
+        if self._lost:  # as at a start without a sidecar (the generation stays the file's)
+            self._lost = False
+            self.tailer = FileTailer(self.path)
+            self.index = RunIndex()
+            self.indexing = True
         prev = self.tailer.offset
         res = self.tailer.poll(max_bytes)
         self.missing = res.missing
@@ -223,6 +242,7 @@ class Run:
             prev = 0
             if self.sidecar is not None:
                 self._with_sidecar(self.sidecar.reset)
+                self._attach()
         batch = None
         if res.lines and self.tailer.gen is not None:
             marks_status = self.index.status_records
@@ -232,6 +252,8 @@ class Run:
                 sc.append(step_rows(parsed, sc.columns, sc.seen))
                 if sc.unflushed >= FLUSH_BYTES or not res.more:
                     self._with_sidecar(sc.flush)
+                self._with_sidecar(self.index.steps.pyramid.flush, TAIL_MAX)
+                self.index.steps.pyramid.release()  # (a map holds a descriptor: none outlives a poll)
             derived = self.index.derived.between(prev, self.tailer.offset)
             batch = Batch(self.tailer.gen, prev, self.tailer.offset, self.lines_to_send(parsed, derived),
                           self.index.status_records != marks_status,

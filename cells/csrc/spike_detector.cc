@@ -1,0 +1,176 @@
+// The spike detector's whole update in one MindSpore ops.Custom(func_type="aot") CPU kernel
+// (gradmon.cells.spike_kernel). It computes what gradmon.cells.spike.zclip_update computes with ~75
+// small stock kernels: ZClip's EMA z-score, the Welford warm-up, the early median/MAD rule over the
+// ring of log-norms, the run's scale and floor, and the ring write.
+//
+// Every quantity is float32 and every operation is the op path's, in its order (a + b * c / d reads
+// as there); the one difference is exp, which is libm's expf here and a polynomial approximation in
+// MindSpore's CPU kernel (relative error up to ~2e-5). log is libm's logf in both. The median of the
+// n <= 16 filled ring slots is a small insertion sort. No constant lives here: the Python side passes
+// every setting (from SpikeConfig) in the `params` input, whose layout is kParam* below.
+//
+// Signature (the aot ABI): int f(int nparam, void **params, int *ndims, int64_t **shapes,
+// const char **dtypes, void *stream, void *extra), inputs first, then outputs. Inputs: norm (float32,
+// 1 element), finite (bool, 1 element), state (float32 [3] without the early rule, [4 + window] with
+// it), params (float32 [kParamCount]). Outputs: zscore (float32), spike (bool), target (float32),
+// new_state (float32, the state's shape). A non-zero return makes MindSpore raise.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int kAbiVersion = 1;
+constexpr int kMaxWindow = 4096;  // a sanity bound on the ring (SpikeConfig's default is 16)
+
+// The params input, float32 each.
+enum Param {
+  kParamWarmup,         // finite norms of the EMA's warm-up
+  kParamOneMinusAlpha,  // float32(1 - alpha): the EMA weight after the warm-up
+  kParamZ,              // ZClip's z threshold
+  kParamZSquared,       // float32(z * z), as the op path's Python constant
+  kParamEps,            // added to the std in the z-score
+  kParamTiny,           // log(0) guard
+  kParamWindow,         // ring length; 0: no early rule (state [count, mean, var])
+  kParamEarlyMin,       // finite norms before the early rule judges
+  kParamEarlyZ,         // early_z * 1.4826
+  kParamLogLo,          // log(early_min_ratio)
+  kParamLogHi,          // log(early_max_ratio)
+  kParamFloor,          // no spike at or below floor * scale
+  kParamCount
+};
+
+int64_t Elements(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+bool Is(const char *dtype, const char *name) { return std::strcmp(dtype, name) == 0; }
+bool IsF32(const char *dtype) { return Is(dtype, "float32") || Is(dtype, "float"); }
+
+float Max(float a, float b) { return a > b ? a : b; }  // operands are never NaN where used
+float Min(float a, float b) { return a < b ? a : b; }
+
+void SortAscending(float *v, int n) {
+  for (int i = 1; i < n; ++i) {
+    const float x = v[i];
+    int j = i - 1;
+    for (; j >= 0 && v[j] > x; --j) v[j + 1] = v[j];
+    v[j + 1] = x;
+  }
+}
+
+// The median of sorted v[0..n) (n >= 1) as the op path takes it: the values at (n - 1) // 2 and
+// n // 2, weighted 0.5 each (one value, weight 1, when they coincide), summed.
+float MedianOfSorted(const float *v, float n) {
+  const int lo = static_cast<int>(Max(std::floor((n - 1.0f) * 0.5f), 0.0f));
+  const int hi = static_cast<int>(std::floor(n * 0.5f));
+  return lo == hi ? v[lo] : v[lo] * 0.5f + v[hi] * 0.5f;
+}
+
+}  // namespace
+
+extern "C" {
+
+int GradmonSpikeDetectorAbi() { return kAbiVersion; }
+
+int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                       void *) {
+  if (nparam != 8) return 1;
+  if (!IsF32(dtypes[0]) || !Is(dtypes[1], "bool") || !IsF32(dtypes[2]) || !IsF32(dtypes[3]) ||
+      !IsF32(dtypes[4]) || !Is(dtypes[5], "bool") || !IsF32(dtypes[6]) || !IsF32(dtypes[7])) {
+    return 2;
+  }
+  const int64_t size = Elements(ndims[2], shapes[2]);
+  if (Elements(ndims[0], shapes[0]) != 1 || Elements(ndims[1], shapes[1]) != 1 ||
+      Elements(ndims[3], shapes[3]) != kParamCount || Elements(ndims[7], shapes[7]) != size) {
+    return 3;
+  }
+  const float *p = static_cast<const float *>(params[3]);
+  const float window_f = p[kParamWindow];
+  const int window = static_cast<int>(window_f);
+  if (window < 0 || window > kMaxWindow || static_cast<float>(window) != window_f ||
+      size != (window > 0 ? 4 + window : 3)) {
+    return 4;
+  }
+  const float norm = *static_cast<const float *>(params[0]);
+  const bool finite = *static_cast<const bool *>(params[1]);
+  const float *state = static_cast<const float *>(params[2]);
+  const float count = state[0], mean = state[1], var = state[2];
+
+  // ZClip after the warm-up, with the statistics before this step.
+  const float z = p[kParamZ];
+  const bool in_warmup = count < p[kParamWarmup];
+  const bool active = finite && !in_warmup;
+  const float sd = std::sqrt(var);
+  const float z_raw = (norm - mean) / (sd + p[kParamEps]);
+  bool spike = active && z_raw > z;
+  float zscore = active ? z_raw : 0.0f;
+  float target = spike ? mean + p[kParamZSquared] * sd / z_raw : norm;
+
+  // The early rule during the warm-up, and the run's scale (only judged once the ring has early_min).
+  float scale = window > 0 ? state[3] : 0.0f;
+  if (window > 0) {
+    const float *ring = state + 4;
+    const bool has_ring = count >= p[kParamEarlyMin];
+    if (has_ring) {
+      const float n = Min(count, window_f);  // the ring fills slot by slot from slot 0
+      const int filled = static_cast<int>(n);
+      float sorted[kMaxWindow];
+      std::memcpy(sorted, ring, sizeof(float) * filled);
+      SortAscending(sorted, filled);
+      const float med = MedianOfSorted(sorted, n);
+      for (int i = 0; i < filled; ++i) sorted[i] = std::fabs(ring[i] - med);
+      SortAscending(sorted, filled);
+      const float mad = MedianOfSorted(sorted, n);
+      const float thr = Min(Max(p[kParamEarlyZ] * mad, p[kParamLogLo]), p[kParamLogHi]);
+      const float dev = std::log(Max(norm, p[kParamTiny])) - med;
+      const bool early_spike = dev > thr;
+      const float early_z = z * dev / thr;
+      scale = Max(scale, std::exp(med));
+      // floor 0 is no floor, also where libm's expf overflows a median of log(FLT_MAX) to inf (0 * inf
+      // would be NaN; MindSpore's exp saturates there instead).
+      const bool above_floor = norm > (p[kParamFloor] > 0.0f ? p[kParamFloor] * scale : 0.0f);
+      spike = spike && above_floor;
+      if (finite && in_warmup) {  // judged
+        zscore = early_z;
+        if (early_spike && above_floor) {
+          target = std::exp(med + thr * thr / Max(dev, thr));
+          spike = true;
+        }
+      }
+    }
+  }
+
+  float *new_state = static_cast<float *>(params[7]);
+  if (finite) {
+    const float weight = in_warmup ? 1.0f / (count + 1.0f) : p[kParamOneMinusAlpha];
+    const float delta = target - mean;
+    const float new_mean = mean + weight * delta;
+    const float err = target - new_mean;
+    const float new_var = var + weight * (err * (in_warmup ? delta : err) - var);
+    if (new_state != state) std::memcpy(new_state, state, sizeof(float) * size);
+    new_state[0] = count + 1.0f;
+    new_state[1] = new_mean;
+    new_state[2] = new_var;
+    if (window > 0) {
+      new_state[3] = scale;
+      // count mod window, as the op path computes it; past 2**24 a non-integer slot writes nothing there too.
+      const float slot = count - std::floor(count / window_f) * window_f;
+      const int index = static_cast<int>(slot);
+      if (slot >= 0.0f && slot < window_f && static_cast<float>(index) == slot) {
+        new_state[4 + index] = std::log(Max(target, p[kParamTiny]));
+      }
+    }
+  } else if (new_state != state) {
+    std::memcpy(new_state, state, sizeof(float) * size);
+  }
+  *static_cast<float *>(params[4]) = zscore;
+  *static_cast<bool *>(params[5]) = spike;
+  *static_cast<float *>(params[6]) = target;
+  return 0;
+}
+
+}  // extern "C"

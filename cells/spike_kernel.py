@@ -1,0 +1,251 @@
+"""The spike detector's update as one fused CPU kernel, and the cell that picks it or the op path.
+
+:func:`gradmon.cells.spike.zclip_update` builds the update from ~75 small stock kernels (two sorts,
+selects, an arange...), which a sub-millisecond step feels. ``cells/csrc/spike_detector.cc`` computes
+the same update (EMA z-score, Welford warm-up, the early median/MAD rule, scale and floor, ring write)
+in one ``ops.Custom(func_type="aot")`` launch, in float32 and in the op path's order of operations;
+only ``exp`` differs: libm's ``expf`` there, a polynomial approximation in MindSpore's CPU kernel
+(relative error up to ~2e-5), so early clip targets and the run's scale may differ in the last
+digits. It is compiled at first use (:mod:`gradmon.cells.fused_build`) and self-tested against
+:mod:`gradmon.cells.zclip_reference` through ctypes before MindSpore ever loads it.
+
+- :class:`SpikeDetector` ``(config)``: a Cell, ``detector(norm, finite, state)`` ->
+  ``(zscore, spike, target, new_state)``, exactly :func:`zclip_update`'s contract. It runs the kernel
+  where :func:`detector_kernel_available` is True, else :func:`zclip_update` (non-CPU targets, no
+  compiler, the switches below). Build it outside the graph (a cell's ``__init__``); it works in a
+  ``Cell.construct`` in GRAPH and PYNATIVE mode and inside ``@ms.jit`` functions.
+- :class:`FusedSpikeUpdate`: the primitive, ``op(norm, finite, state, params)`` with
+  ``params = kernel_params(config)``. Building it raises :class:`DetectorKernelUnavailableError`
+  where the kernel is not available.
+
+Every setting reaches the kernel from :class:`SpikeConfig` (and the modules' ``ZSCORE_EPS`` and
+``TINY_NORM``) through :func:`kernel_params`, at build time: the C++ holds no constant of the rule.
+
+Environment: ``GRADMON_FUSED_DETECTOR=0`` turns this kernel off; ``GRADMON_FUSED_NORM=0`` turns off
+every gradmon kernel, this one included. Neither warns. A build failure warns once per process
+(:class:`DetectorKernelFallbackWarning`) and the op path is used.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+from ._compat import mindspore_version
+from .fused_build import CXX_FLAGS, KernelBuildError, call_aot, check_white_list, ensure_library
+from .fused_norm import ENV_SWITCH as NORM_ENV_SWITCH
+from .spike import ZSCORE_EPS, SpikeConfig, initial_state, zclip_update
+from .zclip_reference import TINY_NORM, zclip_run
+
+ENV_SWITCH = "GRADMON_FUSED_DETECTOR"
+SOURCE = Path(__file__).resolve().parent / "csrc" / "spike_detector.cc"
+LIBRARY_NAME = "gradmon_spike_detector"
+ABI_VERSION = 1
+# No fused multiply-add contraction: the kernel rounds each operation as the op path's kernels do.
+FLAGS = (*CXX_FLAGS, "-ffp-contract=off")
+# The kernel's `params` input, in cells/csrc/spike_detector.cc's order (enum Param).
+PARAM_NAMES = ("warmup", "one_minus_alpha", "z", "z_squared", "eps", "tiny", "window", "early_min",
+               "early_z", "log_lo", "log_hi", "floor")
+
+
+class DetectorKernelUnavailableError(RuntimeError):
+    """A :class:`FusedSpikeUpdate` was built where the kernel is not available (the message says why)."""
+
+
+class DetectorKernelFallbackWarning(RuntimeWarning):
+    """The detector kernel could not be built; the op path (:func:`zclip_update`) is used instead."""
+
+
+def kernel_params(config: SpikeConfig) -> np.ndarray:
+    """The kernel's float32 constants for ``config``, rounded as the op path's Python constants are
+    in PYNATIVE (``1 - alpha`` and ``z * z`` computed in float64, then float32; GRAPH mode evaluates
+    the op path's ``1.0 - alpha`` in float32, an ulp away for most alphas)."""
+    early = config.early_rule()
+    window, early_min, early_z, log_lo, log_hi, floor = early if early else (0, 0, 0.0, 0.0, 0.0, 0.0)
+    z = config.z_threshold
+    values = {"warmup": config.warmup, "one_minus_alpha": 1.0 - config.alpha, "z": z, "z_squared": z * z,
+              "eps": ZSCORE_EPS, "tiny": TINY_NORM, "window": window, "early_min": early_min,
+              "early_z": early_z, "log_lo": log_lo, "log_hi": log_hi, "floor": floor}
+    return np.array([values[name] for name in PARAM_NAMES], np.float32)
+
+
+_lock = threading.Lock()
+_build: dict[str, Any] = {}  # "library": Path, or "reason": str, once per process
+
+
+def disabled_by_env() -> str | None:
+    """The switch that turns the kernel off (``NAME=value``), or ``None``."""
+    for name in (ENV_SWITCH, NORM_ENV_SWITCH):
+        if os.environ.get(name, "").strip().lower() in ("0", "off", "false", "no"):
+            return f"{name}={os.environ[name]}"
+    return None
+
+
+def _run_library(library: Path, config: SpikeConfig, norms: list[float]) -> list[tuple[float, bool, float]]:
+    """The kernel over ``norms`` through ctypes (no MindSpore): ``(zscore, spike, target)`` per step."""
+    params = kernel_params(config)
+    state = initial_state(config)
+    out = []
+    for value in norms:
+        z, spike, target = np.zeros((), np.float32), np.zeros((), np.bool_), np.zeros((), np.float32)
+        new_state = np.zeros_like(state)
+        rc = call_aot(library, "GradmonSpikeUpdate",
+                      [np.array(value, np.float32), np.array(np.isfinite(value)), state, params],
+                      [z, spike, target, new_state])
+        if rc != 0:
+            raise KernelBuildError(f"{library}: GradmonSpikeUpdate returned {rc}")
+        state = new_state
+        out.append((float(z), bool(spike), float(target)))
+    return out
+
+
+# Warm-up of 8 with a ring of 4 judged from the 3rd norm: an early spike (step 5), a non-finite step,
+# the ring's wrap-around, the hand-over to ZClip and a ZClip spike (step 12).
+_SELF_TEST_NORMS = [1.0, 1.2, 0.9, 1.1, 50.0, float("nan"), 1.05, 0.95, 1.1, 1.0, 1.02, 40.0, 1.01]
+_SELF_TEST_CONFIG = SpikeConfig(mode="detect", warmup=8, alpha=0.9, z_threshold=3.0, early_window=4,
+                                early_min=2)
+
+
+def _self_test(library: Path) -> None:
+    """The library against the numpy reference on a short series: a wrong ABI or a miscompile stops here."""
+    abi = call_aot(library, "GradmonSpikeDetectorAbi", None, None)
+    if abi != ABI_VERSION:
+        raise KernelBuildError(f"{library} has kernel ABI {abi}, expected {ABI_VERSION}")
+    config = _SELF_TEST_CONFIG
+    got = _run_library(library, config, _SELF_TEST_NORMS)
+    ref, _ = zclip_run(_SELF_TEST_NORMS, warmup=config.warmup, alpha=config.alpha,
+                       z_threshold=config.z_threshold, early=config.reference_rule())
+    flags = [spike for _, spike, _ in got]
+    expected = [step.spike for step in ref]
+    close = all(np.isclose(z, r.zscore, rtol=1e-4, atol=1e-5) and
+                (np.isclose(t, r.target, rtol=1e-4) or (np.isnan(t) and np.isnan(r.target)))
+                for (z, _, t), r in zip(got, ref))
+    if flags != expected or not close or flags[4] is not True or flags[11] is not True:
+        raise KernelBuildError(f"{library} failed its self-test (spikes {flags}, expected {expected}; "
+                               f"values close: {close})")
+
+
+def _load() -> None:
+    """Build (or find) and check the library once per process; records the path or the reason."""
+    with _lock:
+        if _build:
+            return
+        try:
+            library = ensure_library(SOURCE, LIBRARY_NAME, mindspore_version(), flags=FLAGS)
+            _self_test(library)
+            check_white_list(library)
+            _build["library"] = library
+        except (KernelBuildError, OSError) as exc:
+            _build["reason"] = str(exc)
+            warnings.warn(f"gradmon: the fused spike-detector kernel is not available, using the stock-op "
+                          f"detector instead: {exc}", DetectorKernelFallbackWarning, stacklevel=3)
+
+
+def detector_kernel_unavailable_reason() -> str | None:
+    """Why :func:`detector_kernel_available` is False (``None`` when True). May build the library."""
+    switch = disabled_by_env()
+    if switch:
+        return f"{switch} turns the fused detector kernel off"
+    target = ms.get_context("device_target")
+    if target != "CPU":
+        return f"the fused detector kernel runs on CPU only (device_target is {target})"
+    _load()
+    return _build.get("reason")
+
+
+def detector_kernel_available() -> bool:
+    """True when the fused detector kernel can be used now (CPU target, library built and self-tested)."""
+    return detector_kernel_unavailable_reason() is None
+
+
+def library_path() -> Path | None:
+    """The compiled library in use, or ``None`` when the kernel is not available."""
+    return None if detector_kernel_unavailable_reason() else _build["library"]
+
+
+def _element_type(dtype: Any) -> Any:
+    return dtype.element_type() if hasattr(dtype, "element_type") else dtype
+
+
+class FusedSpikeUpdate(ops.Custom):
+    """``op(norm, finite, state, params)`` -> ``(zscore, spike, target, new_state)``: the detector's
+    whole update in one launch. ``norm`` float32 and ``finite`` bool, shape ``()`` or ``(1,)``;
+    ``state`` float32 (:func:`initial_state`); ``params`` :func:`kernel_params` of the same config.
+    The outputs have the norm's shape (``new_state`` the state's); dtypes float32, bool, float32,
+    float32."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> FusedSpikeUpdate:
+        # Refused before the object exists: a half-built Primitive crashes when printed (a traceback).
+        reason = detector_kernel_unavailable_reason()
+        if reason is not None:
+            raise DetectorKernelUnavailableError(f"the fused detector kernel is not available: {reason}")
+        return super().__new__(cls)
+
+    def __init__(self) -> None:
+        super().__init__(f"{_build['library']}:GradmonSpikeUpdate", out_shape=self._infer_shape,
+                         out_dtype=self._infer_dtype, func_type="aot")
+
+    def __deepcopy__(self, memo: dict) -> FusedSpikeUpdate:
+        # Primitive's deepcopy re-calls __init__ with its init_attrs ({"name": "Custom"}); ours takes none.
+        return type(self)()
+
+    @staticmethod
+    def _infer_shape(norm, finite, state, params):
+        for what, shape in (("norm", norm), ("finite", finite)):
+            if tuple(shape) not in ((), (1,)):
+                raise TypeError(f"FusedSpikeUpdate: {what} must have shape () or (1,), got {tuple(shape)}")
+        if len(state) != 1 or len(params) != 1 or params[0] != len(PARAM_NAMES):
+            raise TypeError(f"FusedSpikeUpdate: state must be a vector and params kernel_params(config) "
+                            f"({len(PARAM_NAMES)},), got {tuple(state)} and {tuple(params)}")
+        scalar = list(norm)
+        return [scalar, scalar, scalar, list(state)]
+
+    @staticmethod
+    def _infer_dtype(norm, finite, state, params):
+        expected = (ms.float32, ms.bool_, ms.float32, ms.float32)
+        for what, dtype, want in zip(("norm", "finite", "state", "params"), (norm, finite, state, params),
+                                     expected):
+            if _element_type(dtype) != want:
+                raise TypeError(f"FusedSpikeUpdate: {what} must be {want}, got {dtype}")
+        # TensorTypes, not bare dtypes: a bare dtype of shape () would make GRAPH mode infer a Python scalar.
+        return [mstype.TensorType(d) for d in (ms.float32, ms.bool_, ms.float32, ms.float32)]
+
+
+class SpikeDetector(nn.Cell):
+    """``detector(norm, finite, state)`` -> ``(zscore, spike, target, new_state)`` for ``config``
+    (:func:`zclip_update`'s contract): the fused kernel when available, else the op path.
+
+    ``fused``: ``None`` (default) picks; ``True`` requires the kernel
+    (:class:`DetectorKernelUnavailableError` otherwise); ``False`` is the op path. ``self.fused`` says
+    which runs. The caller assigns ``new_state`` (one ``ops.assign``)."""
+
+    def __init__(self, config: SpikeConfig, fused: bool | None = None) -> None:
+        super().__init__()
+        self.config = config
+        if fused is None:
+            fused = detector_kernel_available()
+        self.fused = bool(fused)
+        # Plain Python numbers and tuples are constants in GRAPH mode.
+        self.warmup, self.alpha, self.z_threshold = config.warmup, config.alpha, config.z_threshold
+        self.early = config.early_rule()
+        if self.fused:
+            self.kernel = FusedSpikeUpdate()
+            self.params = Tensor(kernel_params(config))
+
+    def construct(self, norm, finite, state):
+        if self.fused:
+            return self.kernel(norm, finite, state, self.params)
+        return zclip_update(norm, finite, state, self.warmup, self.alpha, self.z_threshold, self.early)
+
+
+__all__ = ["DetectorKernelFallbackWarning", "DetectorKernelUnavailableError", "FusedSpikeUpdate",
+           "SpikeDetector", "detector_kernel_available", "detector_kernel_unavailable_reason",
+           "kernel_params", "library_path"]

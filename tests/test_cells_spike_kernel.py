@@ -1,0 +1,293 @@
+"""The fused spike-detector kernel (``cells/csrc/spike_detector.cc`` through
+``gradmon.cells.spike_kernel``) against the numpy reference and against the stock-op update it replaces
+(series with non-finite steps, the ring's wrap-around, the warm-up's hand-over, the floor; with and
+without the early rule), in GRAPH and PYNATIVE, inside ``@ms.jit`` and in a real ``MonitoredTrainStep``;
+plus its constants, its errors and the fallbacks. (The hypothesis tests of ``test_cells_zclip.py``
+run both implementations too.)"""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+import pytest
+from gradmon.cells import MonitoredTrainStep, SpikeConfig
+from gradmon.cells import spike_kernel as K
+from gradmon.cells.fused_build import KernelBuildError, call_aot, find_compiler
+from gradmon.cells.spike import initial_state
+from gradmon.cells.zclip_reference import zclip_run
+from mindspore import Parameter, Tensor, nn, ops
+
+from examples.models import MLP, with_loss
+from tests import parity_util
+
+
+def _compiler_missing() -> bool:
+    try:
+        find_compiler()
+    except KernelBuildError:
+        return True
+    return False
+
+
+# Only a missing compiler skips: a kernel that does not build or fails its self-test fails here.
+pytestmark = pytest.mark.skipif(_compiler_missing(),
+                                reason="no C++ compiler here (the op path is the detector)")
+
+mode = parity_util.mode  # the GRAPH / PYNATIVE fixture
+
+CONFIGS = {
+    # ZClip alone (state [count, mean, var]): a 5-step warm-up, then z-scores (ZClip's low threshold:
+    # the steps after an outlier are flagged too)
+    "zclip": SpikeConfig(mode="detect", warmup=5, alpha=0.9, z_threshold=2.5, early_window=0),
+    # the default early rule: 45 norms wrap the 16-slot ring; the EMA takes over at step 30
+    "early": SpikeConfig(mode="detect", warmup=30),
+    # the early rule alone (the warm-up outlasts the series) with a 5-slot ring, other ratios, and a
+    # floor that spares the tiny norms' excursions
+    "floor": SpikeConfig(mode="detect", warmup=50, early_window=5, early_min=3, early_z=2.0,
+                         early_min_ratio=3.0, early_max_ratio=6.0, floor=0.01),
+}
+
+
+def _series(name: str, seed: int = 0) -> list[float]:
+    """45 norms: batch noise, x40-x80 outliers during and after the warm-up, non-finite steps and a zero;
+    for "floor", the norm falls to ~1e-5 after step 12, with an excursion under the floor and one over it."""
+    rng = np.random.default_rng(seed)
+    norms = list(rng.lognormal(0.0, 0.25, 45))
+    for i, factor in ((6, 50.0), (20, 80.0), (40, 40.0)):
+        norms[i] *= factor
+    norms[9], norms[25], norms[33] = float("nan"), float("inf"), 0.0
+    if name == "floor":
+        norms[12:] = [v * 1e-5 for v in norms[12:]]
+        norms[28] = 1e-3  # x100 the recent norms, under 1 % of the run's scale (~1): never a spike
+        norms[38] = 0.5  # far above the floor: a spike
+    return [float(np.float32(v)) for v in norms]
+
+
+class DetectorStep(nn.Cell):
+    """The detector alone, as the step cell runs it: update, then one assign of the state."""
+
+    def __init__(self, config: SpikeConfig, fused: bool) -> None:
+        super().__init__()
+        self.detector = K.SpikeDetector(config, fused=fused)
+        self.state = Parameter(Tensor(initial_state(config)), name="state", requires_grad=False)
+
+    def construct(self, norm):
+        zscore, spike, target, state = self.detector(norm, ops.isfinite(norm), self.state)
+        ops.assign(self.state, state)
+        return zscore, spike, target
+
+
+def _run(cell, norms: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows = [[o.asnumpy() for o in cell(Tensor(np.float32(v)))] for v in norms]
+    return tuple(np.array([r[i] for r in rows]) for i in range(3))
+
+
+def test_available_here_and_deep_copies():
+    assert K.detector_kernel_available(), K.detector_kernel_unavailable_reason()
+    assert K.library_path().name == "libgradmon_spike_detector.so"
+    config = SpikeConfig(mode="skip")
+    twin = copy.deepcopy(K.SpikeDetector(config))  # Primitive's own deepcopy would re-call __init__ wrongly
+    assert twin.fused
+    out = twin(Tensor(np.float32(2.0)), Tensor(True), Tensor(initial_state(config)))
+    assert out[3].asnumpy()[:3].tolist() == [1.0, 2.0, 0.0]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_kernel_matches_the_reference(name):
+    config = CONFIGS[name]
+    norms = _series(name)
+    zscore, spike, target = _run(DetectorStep(config, fused=True), norms)
+    ref, ref_state = zclip_run(norms, warmup=config.warmup, alpha=config.alpha,
+                               z_threshold=config.z_threshold, early=config.reference_rule())
+    assert spike.tolist() == [s.spike for s in ref]
+    expected_flags = {"zclip": [6, 7, 20, 21, 40], "early": [6, 20, 40], "floor": [6, 38]}[name]
+    assert np.flatnonzero(spike).tolist() == expected_flags  # the series tests what it says
+    np.testing.assert_allclose(zscore, [s.zscore for s in ref], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(target, [s.target for s in ref], rtol=1e-4, atol=1e-9)
+    assert int(DetectorStep(config, fused=True).state.asnumpy()[0]) == 0
+    if name == "floor":  # norm 28 is a x100 outlier by the early rule, spared by the floor
+        assert zscore[28] > config.z_threshold and not spike[28]
+        assert ref_state.scale > 0.5
+
+
+# PYNATIVE runs the op path's ~75 kernels one by one (slow): "early" is left to GRAPH there, to the
+# step-cell test below and to test_cells_zclip.py's hypothesis tests.
+@pytest.mark.parametrize(("mode", "name"), [("GRAPH", "zclip"), ("GRAPH", "early"), ("GRAPH", "floor"),
+                                            ("PYNATIVE", "zclip"), ("PYNATIVE", "floor")], indirect=["mode"])
+def test_kernel_matches_the_op_path(mode, name):
+    """The same verdicts as zclip_update's stock ops. The same bits as in PYNATIVE until an early clip
+    target, whose exp is libm's in the kernel and MindSpore's approximation (relative error ~1e-5) in
+    the op path; GRAPH mode evaluates the op path's ``1.0 - alpha`` in float32 (an ulp off
+    ``float32(1 - alpha)``, the kernel's and PYNATIVE's), which moves the EMA's last bits after its
+    warm-up. The kernel itself gives the same bits in both modes (and through ctypes)."""
+    config = CONFIGS[name]
+    norms = _series(name)
+    fused, stock = DetectorStep(config, fused=True), DetectorStep(config, fused=False)
+    assert fused.detector.fused and not stock.detector.fused
+    got, want = _run(fused, norms), _run(stock, norms)
+    np.testing.assert_array_equal(got[1], want[1])
+    first_early = {"zclip": len(norms), "early": 6, "floor": 6}[name]
+    exact = first_early if mode == "PYNATIVE" else min(first_early, config.warmup + 1)
+    for a, b, atol in zip(got, want, (1e-4, 0, 1e-12)):  # a z-score near 0 is a difference of near equals
+        np.testing.assert_array_equal(a[:exact], b[:exact])  # bit for bit
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=atol)
+    state, stock_state = fused.state.asnumpy(), stock.state.asnumpy()
+    if name == "zclip" and mode == "PYNATIVE":  # no exp anywhere: the same bits to the end, state included
+        np.testing.assert_array_equal(state, stock_state)
+    np.testing.assert_allclose(state, stock_state, rtol=2e-5, atol=1e-6)
+    assert state[0] == len([v for v in norms if np.isfinite(v)])
+    direct = K._run_library(K.library_path(), config, norms)
+    np.testing.assert_array_equal(got[0], [z for z, _, _ in direct])
+    np.testing.assert_array_equal(got[2], [t for _, _, t in direct])
+
+
+def test_inside_ms_jit():
+    config = CONFIGS["early"]
+    detector = K.SpikeDetector(config)
+    assert detector.fused
+
+    @ms.jit
+    def update(norm, state):
+        return detector(norm, ops.isfinite(norm), state)
+
+    norms = _series("early")[:12]
+    state = Tensor(initial_state(config))
+    flags = []
+    for v in norms:
+        _, spike, _, state = update(Tensor(np.float32(v)), state)
+        flags.append(bool(spike.asnumpy()))
+    ref, _ = zclip_run(norms, warmup=config.warmup, alpha=config.alpha, z_threshold=config.z_threshold)
+    assert flags == [s.spike for s in ref] and flags[6]
+    assert state.asnumpy()[0] == 11  # one non-finite norm
+
+
+LR = 0.01
+
+
+def _batch(seed: int, scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    rng = np.random.default_rng(seed)
+    x = (rng.random((8, 64)) * scale).astype(np.float32)
+    return Tensor(x), Tensor(rng.integers(0, 10, 8).astype(np.int32))
+
+
+def _train(spike_mode: str, fused: bool, monkeypatch) -> MonitoredTrainStep:
+    """14 steps of an MLP: a x1000 batch at step 8 (an early spike), a NaN batch at step 11."""
+    with monkeypatch.context() as patch:
+        if not fused:
+            patch.setenv(K.ENV_SWITCH, "0")
+        ms.set_seed(0)
+        net = MLP(hidden=24)
+        step = MonitoredTrainStep(with_loss(net), nn.SGD(net.trainable_params(), LR), spike_mode=spike_mode,
+                                  max_norm=5.0)
+    assert step.spike_detector.fused == fused
+    for i in range(14):
+        x, y = _batch(i, scale=1000.0 if i == 7 else 1.0)
+        if i == 10:
+            x = x * float("nan")
+        step(x, y)
+    return step
+
+
+@pytest.mark.parametrize("spike_mode", ["clip", "skip"])
+def test_step_history_with_kernel_and_fallback(mode, spike_mode, monkeypatch):
+    fused, stock = _train(spike_mode, True, monkeypatch), _train(spike_mode, False, monkeypatch)
+    a, b = fused.gradmon_read_history(), stock.gradmon_read_history()
+    assert a.counters == b.counters and a.counters["spikes"] == 1 and a.counters["nonfinite"] == 1
+    for flag in ("spike", "clipped", "skipped", "nonfinite"):
+        np.testing.assert_array_equal(a.column(flag), b.column(flag))
+    assert a.column("spike").tolist() == [0.0] * 7 + [1.0] + [0.0] * 6
+    # up to the spike (its z-score included) every column has the same bits
+    np.testing.assert_array_equal(a.rows[:7], b.rows[:7])
+    for name in ("loss", "grad_norm", "zscore"):
+        assert a.column(name)[7] == b.column(name)[7]
+    if spike_mode == "skip":  # the spike's target moves no weight: losses and norms stay bit-identical
+        for name in ("loss", "grad_norm"):
+            np.testing.assert_array_equal(a.column(name), b.column(name))
+    # after it the early clip target's exp (libm vs MindSpore's) is the one difference
+    finite = np.isfinite(a.rows) & np.isfinite(b.rows)
+    np.testing.assert_array_equal(finite, np.isfinite(a.rows))
+    np.testing.assert_allclose(a.rows[finite], b.rows[finite], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("switch", ["GRADMON_FUSED_NORM", "GRADMON_FUSED_DETECTOR"])
+def test_switches_select_the_op_path(switch, monkeypatch):
+    monkeypatch.setenv(switch, "0")
+    assert not K.detector_kernel_available()
+    assert f"{switch}=0" in K.detector_kernel_unavailable_reason()
+    assert K.library_path() is None
+    with pytest.raises(K.DetectorKernelUnavailableError, match=f"{switch}=0"):
+        K.FusedSpikeUpdate()
+    assert not K.SpikeDetector(SpikeConfig(mode="skip")).fused
+    net = MLP(hidden=8)
+    step = MonitoredTrainStep(with_loss(net), nn.SGD(net.trainable_params(), LR), spike_mode="skip")
+    assert not step.spike_detector.fused
+    step(*_batch(0))
+    assert step.gradmon_read_history().total_steps == 1
+
+
+def test_a_build_failure_warns_once_and_falls_back(monkeypatch, tmp_path):
+    monkeypatch.setattr(K, "_build", {})  # as in a fresh process
+    monkeypatch.setenv("GRADMON_CXX", str(tmp_path / "no-such-c++"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with pytest.warns(K.DetectorKernelFallbackWarning, match="no C\\+\\+ compiler found"):
+        assert not K.detector_kernel_available()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        detector = K.SpikeDetector(SpikeConfig(mode="clip"))
+    assert not detector.fused
+    with pytest.raises(K.DetectorKernelUnavailableError, match="no C\\+\\+ compiler"):
+        K.SpikeDetector(SpikeConfig(mode="clip"), fused=True)
+
+
+def test_params_come_from_the_config_in_the_kernels_order():
+    config = SpikeConfig(mode="skip", warmup=77, alpha=0.95, z_threshold=4.5, early_window=9, early_min=6,
+                         early_z=2.5, early_min_ratio=3.0, early_max_ratio=12.0, floor=0.25)
+    got = dict(zip(K.PARAM_NAMES, K.kernel_params(config).tolist()))
+    expected = {"warmup": 77, "one_minus_alpha": np.float32(1.0 - 0.95), "z": 4.5, "z_squared": 20.25,
+                "eps": np.float32(1e-6), "tiny": np.float32(1e-30), "window": 9, "early_min": 6,
+                "early_z": np.float32(2.5 * 1.4826), "log_lo": np.float32(np.log(3.0)),
+                "log_hi": np.float32(np.log(12.0)), "floor": 0.25}
+    assert got == pytest.approx({k: float(v) for k, v in expected.items()}, rel=0, abs=0)
+    assert K.kernel_params(SpikeConfig(early_window=0))[K.PARAM_NAMES.index("window")] == 0
+    # the C++ reads them by an enum in the same order
+    source = Path(K.SOURCE).read_text()
+    enum = re.findall(r"^\s+kParam(\w+)", source.split("enum Param {")[1].split("};")[0], re.M)
+    snake = [re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower() for name in enum]
+    assert snake == [*K.PARAM_NAMES, "count"]
+
+
+def test_kernel_refuses_inconsistent_inputs():
+    library = K.library_path()
+    config = SpikeConfig(mode="skip")
+    params, state = K.kernel_params(config), initial_state(config)
+    outs = [np.zeros((), np.float32), np.zeros((), np.bool_), np.zeros((), np.float32), np.zeros_like(state)]
+    norm, finite = np.array(1.0, np.float32), np.array(True)
+    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, state, params], outs) == 0
+    short = np.zeros(3, np.float32)  # a ZClip-only state under an early-rule config
+    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, short, params],
+                    [*outs[:3], np.zeros(3, np.float32)]) == 4
+    assert call_aot(library, "GradmonSpikeUpdate", [norm, norm, state, params], outs) == 2
+    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, state, params[:-1]], outs) == 3
+    detector = K.SpikeDetector(config, fused=True)
+    with pytest.raises(TypeError, match="finite must be Bool"):
+        detector(Tensor(np.float32(1.0)), Tensor(np.float32(1.0)), Tensor(state))
+    with pytest.raises(TypeError, match="norm must have shape"):
+        detector(Tensor(np.ones(2, np.float32)), Tensor(True), Tensor(state))
+
+
+def test_benchmark_smoke_times_both_paths():
+    # benchmarks/detector_kernel.py, in seconds: both paths build, run and are timed (no threshold).
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.detector_kernel", "--smoke"], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    for name in ("kernel", "gm_spike_skip_kernel", "gm_spike_skip_ops"):
+        assert any(line.split()[:1] == [name] and "ratio" in line for line in lines), proc.stdout
