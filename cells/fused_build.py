@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ENV_CXX = "GRADMON_CXX"
 # -fopenmp-simd: the `omp simd reduction` pragmas vectorise the float64 accumulation without
@@ -126,6 +127,12 @@ def check_white_list(library: Path, environ: dict | None = None) -> None:
 
 
 _DLLS: dict[str, object] = {}
+
+
+def element_type(dtype: Any) -> Any:
+    """A MindSpore dtype as the graph's infer functions see it: a tensor type's element type, or the
+    dtype itself (the kernels' ``infer_dtype`` checks compare against ``ms.float32`` etc.)."""
+    return dtype.element_type() if hasattr(dtype, "element_type") else dtype
 
 
 def call_aot(library: Path, func: str, inputs: list | None, outputs: list | None) -> int:

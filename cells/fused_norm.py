@@ -52,7 +52,7 @@ from mindspore import ops
 from mindspore.common import dtype as mstype
 
 from ._compat import mindspore_version
-from .fused_build import KernelBuildError, call_aot, ensure_library
+from .fused_build import KernelBuildError, call_aot, element_type, ensure_library
 
 ENV_SWITCH = "GRADMON_FUSED_NORM"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fused_norm.cc"
@@ -135,10 +135,6 @@ def library_path() -> Path | None:
 
 
 # ------------------------------------------------------------------------------------ primitives
-def _element_type(dtype: Any) -> Any:
-    return dtype.element_type() if hasattr(dtype, "element_type") else dtype
-
-
 class KernelOp(ops.Custom):
     """An aot ``ops.Custom`` calling ``func`` of the kernel library: ``scalars`` float32 scalars first,
     then any number of tensors. Subclasses say what comes out (``output_shape`` / ``output_dtype`` of
@@ -179,14 +175,14 @@ class KernelOp(ops.Custom):
     def _infer_dtype(self, *dtypes):
         name = type(self).__name__
         for i in range(self.scalars):
-            if _element_type(dtypes[i]) != ms.float32:
+            if element_type(dtypes[i]) != ms.float32:
                 raise TypeError(f"{name}: input {i} must be a float32 scalar, got {dtypes[i]}")
         for i in range(self.scalars, len(dtypes)):
-            if _element_type(dtypes[i]) not in self.tensor_dtypes:
+            if element_type(dtypes[i]) not in self.tensor_dtypes:
                 allowed = ", ".join(str(t) for t in self.tensor_dtypes)
                 raise TypeError(f"{name}: tensor {i - self.scalars} has dtype {dtypes[i]}; "
                                 f"it reads {allowed}")
-        out = self.output_dtype(tuple(_element_type(d) for d in dtypes[self.scalars:]))
+        out = self.output_dtype(tuple(element_type(d) for d in dtypes[self.scalars:]))
         # A bare dtype with shape () would make GRAPH mode infer a Python scalar, not a 0-d tensor.
         if isinstance(out, (list, tuple)):
             return [mstype.TensorType(d) for d in out]
@@ -254,7 +250,7 @@ class FusedNormRecord(KernelOp):
     def _infer_dtype(self, *dtypes):
         name = type(self).__name__
         for i in (2, 3):
-            if _element_type(dtypes[i]) != ms.int32:
+            if element_type(dtypes[i]) != ms.int32:
                 raise TypeError(f"{name}: input {i} must be int32, got {dtypes[i]}")
         super()._infer_dtype(*dtypes[:2], *dtypes[4:])
         return [mstype.TensorType(d) for d in (ms.float32, ms.bool_, ms.float32, ms.int32, ms.int32)]

@@ -40,7 +40,14 @@ from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from ._compat import mindspore_version
-from .fused_build import CXX_FLAGS, KernelBuildError, call_aot, check_white_list, ensure_library
+from .fused_build import (
+    CXX_FLAGS,
+    KernelBuildError,
+    call_aot,
+    check_white_list,
+    element_type,
+    ensure_library,
+)
 from .fused_norm import ENV_SWITCH as NORM_ENV_SWITCH
 from .spike import ZSCORE_EPS, SpikeConfig, initial_state, zclip_update
 from .zclip_reference import TINY_NORM, zclip_run
@@ -171,10 +178,6 @@ def library_path() -> Path | None:
     return None if detector_kernel_unavailable_reason() else _build["library"]
 
 
-def _element_type(dtype: Any) -> Any:
-    return dtype.element_type() if hasattr(dtype, "element_type") else dtype
-
-
 class FusedSpikeUpdate(ops.Custom):
     """``op(norm, finite, state, params)`` -> ``(zscore, spike, target, new_state)``: the detector's
     whole update in one launch. ``norm`` float32 and ``finite`` bool, shape ``()`` or ``(1,)``;
@@ -213,7 +216,7 @@ class FusedSpikeUpdate(ops.Custom):
         expected = (ms.float32, ms.bool_, ms.float32, ms.float32)
         for what, dtype, want in zip(("norm", "finite", "state", "params"), (norm, finite, state, params),
                                      expected):
-            if _element_type(dtype) != want:
+            if element_type(dtype) != want:
                 raise TypeError(f"FusedSpikeUpdate: {what} must be {want}, got {dtype}")
         # TensorTypes, not bare dtypes: a bare dtype of shape () would make GRAPH mode infer a Python scalar.
         return [mstype.TensorType(d) for d in (ms.float32, ms.bool_, ms.float32, ms.float32)]

@@ -168,3 +168,16 @@ class CpuLossScaleStep(nn.TrainOneStepWithLossScaleCell):
     def get_overflow_status(self, status, compute_output):
         finite = ops.stack([ops.isfinite(g).all() for g in compute_output]).all()
         return ops.logical_not(finite)
+
+
+def compiler_missing() -> bool:
+    """True when no C++ compiler is found: the fused kernels' tests skip only then (a kernel that
+    does not build or fails its self-test fails them)."""
+    from gradmon.cells.fused_build import KernelBuildError, find_compiler
+
+    try:
+        find_compiler()
+    except KernelBuildError:
+        return True
+    return False
+

@@ -11,7 +11,6 @@ import mindspore as ms
 import numpy as np
 import pytest
 from gradmon.cells import fused_norm as F
-from gradmon.cells.fused_build import KernelBuildError, find_compiler
 from gradmon.cells.norm_ops import global_norm, unscaled_global_norm
 from gradmon.cells.norm_strategies import fused_available
 from mindspore import Tensor, nn, ops
@@ -19,17 +18,8 @@ from mindspore import Tensor, nn, ops
 from examples.models import MLP, TinyTransformer, synthetic_batch, with_loss
 from tests import parity_util
 
-
-def _compiler_missing() -> bool:
-    try:
-        find_compiler()
-    except KernelBuildError:
-        return True
-    return False
-
-
-pytestmark = pytest.mark.skipif(_compiler_missing(), reason="no C++ compiler here (the fallback is tested "
-                                "in test_cells_fused_build.py)")
+pytestmark = pytest.mark.skipif(parity_util.compiler_missing(),
+                                reason="no C++ compiler here (the fallback: test_cells_fused_build.py)")
 
 
 mode = parity_util.mode  # the GRAPH / PYNATIVE fixture

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from gradmon.cells import MonitoredTrainStep, SpikeConfig
 from gradmon.cells import spike_kernel as K
-from gradmon.cells.fused_build import KernelBuildError, call_aot, find_compiler
+from gradmon.cells.fused_build import call_aot
 from gradmon.cells.spike import initial_state
 from gradmon.cells.zclip_reference import zclip_run
 from mindspore import Parameter, Tensor, nn, ops
@@ -27,17 +27,8 @@ from mindspore import Parameter, Tensor, nn, ops
 from examples.models import MLP, with_loss
 from tests import parity_util
 
-
-def _compiler_missing() -> bool:
-    try:
-        find_compiler()
-    except KernelBuildError:
-        return True
-    return False
-
-
 # Only a missing compiler skips: a kernel that does not build or fails its self-test fails here.
-pytestmark = pytest.mark.skipif(_compiler_missing(),
+pytestmark = pytest.mark.skipif(parity_util.compiler_missing(),
                                 reason="no C++ compiler here (the op path is the detector)")
 
 mode = parity_util.mode  # the GRAPH / PYNATIVE fixture
