@@ -146,10 +146,6 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         self.spike_on = spike.enabled
         self.spike_clip = spike.mode == "clip"
         self.spike_skip = spike.mode == "skip"
-        self.spike_warmup = spike.warmup
-        self.spike_alpha = spike.alpha
-        self.spike_z = spike.z_threshold
-        self.spike_early = spike.early_rule()
         self.clips = self.has_max_norm or self.spike_clip
         self.may_skip = self.skip_nonfinite or self.spike_skip
         # The update runs exactly on finite steps (no loss-scale update cell, no spike skip).
