@@ -131,6 +131,32 @@ test("without runs in the URL, or with smoothing on, the history waits for the r
   assert.deepEqual(client.log, ["runs", "history small 5600"]);
 });
 
+test("with smoothing on, a run whose list was read mid-indexing is fetched again in full when the list catches up", async () => {
+  // The page opened while the server was still indexing: the list said 3000 records of a 6000-step
+  // run, so the history asked for 3401 points came back downsampled (not exact).
+  const { client, feed, state, started } = openPage(["small"], 0.6);
+  client.answer("runs", { runs: [{ name: "small", records: 3000 }] });
+  await started;
+  await settle();
+  assert.deepEqual(client.log, ["runs", "history small 3401"]);
+  client.answer("history small 3401", Object.assign({}, HISTORY, { run: "small", exact: false, cursor: null }));
+  await settle();
+  assert.equal(state.runs.get("small").exact, false);
+  // The same list again asks for nothing; the list with the whole run asks for every step.
+  feed.onMessage({ type: "runs", runs: [{ name: "small", records: 3000 }] });
+  await settle();
+  assert.deepEqual(client.log, ["runs", "history small 3401"]);
+  feed.onMessage({ type: "runs", runs: [{ name: "small", records: 6000 }] });
+  await settle();
+  assert.deepEqual(client.log, ["runs", "history small 3401", "history small 6701"]);
+  client.answer("history small 6701", Object.assign({}, HISTORY, { run: "small", exact: true, cursor: null }));
+  await settle();
+  assert.equal(state.runs.get("small").exact, true);
+  feed.onMessage({ type: "runs", runs: [{ name: "small", records: 6000 }] });
+  await settle();
+  assert.equal(client.log.length, 3); // exact now: nothing more
+});
+
 test("an early request that failed is asked again once the list names the run", async () => {
   const { client, state, notices, started } = openPage(["late"], 0);
   client.answer("history late 1200", null, 404); // (the run's file appeared just after)

@@ -19,6 +19,7 @@
       this.hooks = hooks;
       this.client = null;
       this.zoomKeys = new Map();
+      this.askedPoints = new Map(); // run -> points its last whole-history request asked for
       this.early = new L.EarlyHistory(null); // history requests sent before the run list came (start())
       // `?fullres=N` lowers the bound (less memory per run; also how the tests reach the lead-in path).
       this.fullResMax = hooks.fullResMax > 0 ? Math.min(FULL_RES_MAX, hooks.fullResMax) : FULL_RES_MAX;
@@ -70,6 +71,7 @@
       this.state.runs.delete(name);
       this.state.streams.delete(name);
       this.zoomKeys.delete(name);
+      this.askedPoints.delete(name);
     }
 
     /** Whether the run's whole history is fetched at full resolution (for exact smoothing). */
@@ -96,7 +98,9 @@
         try {
           const early = await this.early.take(name, this.wantsFullResolution(name));
           if (!early) this.state.fetches++;
-          const resp = early || (await this.client.history(name, { points: this._points(name) }));
+          const points = this._points(name);
+          if (!early) this.askedPoints.set(name, points);
+          const resp = early || (await this.client.history(name, { points }));
           if (this.state.runs.get(name) !== run) return; // unfollowed meanwhile
           // Held at full resolution (every step kept as it streams in) only for exact smoothing.
           run.cap = resp.exact && this.wantsFullResolution(name) ? this.fullResMax : L.DEFAULT_CAP;
@@ -134,6 +138,7 @@
         case "runs":
           this.hooks.setRunsInfo(msg.runs);
           for (const info of msg.runs || []) if (L.fileArrived(this.state.streams.get(info.name), info)) this.load(info.name);
+          this._refetchOutgrown();
           break;
         case "records":
           this._records(st, msg);
@@ -173,6 +178,19 @@
       if (info && run.lastStep !== null) info.last_step = run.lastStep;
       this.state.liveRecords += (msg.records || []).length;
       this.hooks.streamed();
+    }
+
+    /**
+     * A run held downsampled although it wants full resolution (exact smoothing), whose last whole-
+     * history request asked for fewer points than it needs now, is fetched again: the run list that
+     * decided it was read while the server was still indexing the log (a page opened at once after
+     * a start), or the run has grown. Runs the page never asked for itself are left alone.
+     */
+    _refetchOutgrown() {
+      for (const run of this.hooks.shown()) {
+        const asked = this.askedPoints.get(run.name);
+        if (asked !== undefined && !run.exact && this.wantsFullResolution(run.name) && this._points(run.name) > asked) this.load(run.name);
+      }
     }
 
     /** Smoothing changed: runs that should now be held at full resolution are fetched again. */
