@@ -339,6 +339,21 @@ def test_backlog_read_at_start_is_not_streamed_but_ends_with_one_lagged(logdir):
         asyncio.run(main())
 
 
+def test_the_run_list_is_pushed_again_when_the_backlog_is_read(logdir):
+    # A list read mid-indexing says indexing and a partial count; the page sizes its full-resolution
+    # history from it, so it needs the list again, whole, once the backlog is read.
+    make_run(logdir, "exp1", 5_000)
+    with _server(logdir, poll_max_bytes=256) as h:
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                (info,) = (await recv_json(ws))["runs"]
+                assert info["indexing"] is True and info["records"] < 5_001
+                msg = await recv_until(ws, lambda m: m["type"] == "runs", timeout=60)
+                (info,) = msg["runs"]
+                assert info["indexing"] is False and info["records"] == 5_001  # the header and 5,000 steps
+        asyncio.run(main())
+
+
 class _GatedPool:
     """A worker pool whose calls wait for the test to open the gate (then run in the caller's thread)."""
 

@@ -195,6 +195,10 @@ class GradmonServer:
                 lagged = stream.on_indexed() if stream is not None else None
                 if lagged is not None:
                     c.push(lagged_message(run.name, lagged.position))
+            # The list a client read while the backlog was read said `indexing` and a partial count:
+            # a page that sized its history request from it (exact smoothing) learns the whole run.
+            if run.name in self._announced:
+                self._broadcast_runs()
         return more
 
     def _announce(self, run: Run, start: Position) -> None:
