@@ -36,7 +36,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from benchmarks.runlogs import ensure_run_log, generate_run_log, step_record
-from benchmarks.server_harness import free_port, http_get, serve, server_unavailable_reason, stop_process
+from benchmarks.server_harness import (
+    free_port,
+    http_get,
+    serve,
+    server_unavailable_reason,
+    stop_process,
+    wait_until_ready,
+)
 from gradmon.logformat.alarms import AlarmConfig
 from gradmon.logformat.jsonl import encode_record
 
@@ -621,18 +628,14 @@ def serve_tensorboard(cmd: str, logdir: str, out_log: str, runs: int,
         proc = subprocess.Popen([cmd, "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)],
                                 stdout=f, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+    def loaded() -> bool:
+        with contextlib.suppress(OSError, ValueError):
+            tags = json.loads(http_get(url + "/data/plugin/scalars/tags", 10)[1])
+            return len(tags) >= runs and all(len(t) >= len(FIELDS_CHARTED) for t in tags.values())
+        return False
+
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"tensorboard exited with {proc.returncode} (see {out_log})")
-            with contextlib.suppress(OSError, ValueError):
-                tags = json.loads(http_get(url + "/data/plugin/scalars/tags", 10)[1])
-                if len(tags) >= runs and all(len(t) >= len(FIELDS_CHARTED) for t in tags.values()):
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("tensorboard did not load the runs in time")
-            time.sleep(0.2)
+        wait_until_ready(proc, loaded, timeout, 0.2, f"tensorboard, loading the runs (see {out_log})")
         yield {"url": url, "pid": proc.pid}
     finally:
         stop_process(proc, 30)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from benchmarks.runlogs import step_record
@@ -65,21 +65,31 @@ def serve(logdir: str, log_path: str, ready_timeout: float = 60.0) -> Iterator[d
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + ready_timeout
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"gradmon serve exited with {proc.returncode}; see {log_path}")
+            def answers() -> bool:
                 try:
-                    if http_get(url + "/api/runs", timeout=5)[0] == 200:
-                        break
+                    return http_get(url + "/api/runs", timeout=5)[0] == 200
                 except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"gradmon serve not answering after {ready_timeout:.0f} s")
-                time.sleep(0.05)
+                    return False
+
+            wait_until_ready(proc, answers, ready_timeout, 0.05, f"gradmon serve (see {log_path})")
             yield {"url": url, "ws": f"ws://127.0.0.1:{port}/ws", "pid": proc.pid, "proc": proc}
         finally:
             stop_process(proc, 10)
+
+
+def wait_until_ready(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float, interval: float,
+                     what: str) -> None:
+    """Poll ``ready()`` every ``interval`` seconds until it is true; raise when ``proc`` exits first
+    or ``timeout`` seconds pass (``what`` names the process in the message)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        if ready():
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not ready after {timeout:.0f} s")
+        time.sleep(interval)
 
 
 def stop_process(proc: subprocess.Popen, timeout: float) -> None:
