@@ -164,7 +164,7 @@ def answer(job: HistoryJob) -> tuple[bytes, bool]:
         "system": idx.system_in(lo, hi, opts.points),
         "layers": idx.layers,
         "marks": idx.marks_in(lo, hi),
-        "events": idx.events_in(lo, hi),
+        "events": None,  # encoded already: json_body places them
         "headers": idx.headers,
         "latest_segment": idx.latest_segment(),
         "malformed": idx.malformed,
@@ -172,4 +172,4 @@ def answer(job: HistoryJob) -> tuple[bytes, bool]:
         "events_dropped": idx.events_dropped,
         "series": {n: {"step": s, "value": v} for n, (s, v) in series.items()},
     }
-    return json_body(body, job.gzip_ok)
+    return json_body(body, job.gzip_ok, {"events": idx.encoded_events_in(lo, hi)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import email.utils
 import gzip
 import http
+import json
 import mimetypes
 import re
 from typing import Any
@@ -18,7 +19,7 @@ from gradmon.server.hub import dumps
 __all__ = [
     "MAX_QUERY_FIELDS", "MAX_TARGET", "PAGE_CSP", "HttpError", "accepts_gzip", "compress", "content_type",
     "encoded_json_response", "int_param", "json_body", "json_response", "response", "safe_relpath",
-    "split_target",
+    "split_target", "strict_json",
 ]
 
 MAX_TARGET = 8192  # bytes of a request target (path and query)
@@ -53,9 +54,27 @@ def compress(body: bytes, gzip_ok: bool) -> tuple[bytes, bool]:
     return body, False
 
 
-def json_body(obj: Any, gzip_ok: bool) -> tuple[bytes, bool]:
-    """Strict JSON bytes of ``obj`` (non-finite numbers as strings), compressed as :func:`compress`."""
-    return compress(dumps(obj).encode("utf-8"), gzip_ok)
+def strict_json(obj: Any) -> str:
+    """``hub.dumps(obj)`` (strict JSON, non-finite numbers as strings), in one C call when ``obj``
+    is plain JSON data already (string keys, finite numbers: every history answer but one holding
+    a non-finite value), which is what ``to_jsonable`` would leave unchanged: a 10M-step run's
+    full-range answer took ~50 ms in ``to_jsonable`` for ~10 ms of encoding."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError):  # NaN or infinity, or a value JSON has no type for
+        return dumps(obj)
+
+
+def json_body(obj: Any, gzip_ok: bool, encoded: dict[str, list[bytes]] | None = None) -> tuple[bytes, bool]:
+    """Strict JSON bytes of ``obj`` (non-finite numbers as strings), compressed as :func:`compress`.
+    ``encoded``: keys of the dict ``obj`` whose value is a list of items encoded already (strict
+    JSON each) given here (``obj`` holds a placeholder there, for the keys' order)."""
+    if not encoded:
+        return compress(strict_json(obj).encode("utf-8"), gzip_ok)
+    items = [strict_json(key).encode("utf-8") + b":" +
+             (b"[" + b",".join(encoded[key]) + b"]" if key in encoded else strict_json(value).encode("utf-8"))
+             for key, value in obj.items()]
+    return compress(b"{" + b",".join(items) + b"}", gzip_ok)
 
 
 def response(status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None,
