@@ -10,11 +10,19 @@ full-range histories and ``fetches`` 1 % zooms (random windows of ``steps / 100`
 for both trees), 2000 points each: p50 and p99; the server's and its history worker's RSS; the
 sidecar's size. Starts alternate between the trees round by round (the machine is shared: quote
 medians). ``python -m benchmarks.bigruns --steps 2000000 --prev /tmp/prev``.
+
+``--log-dir DIR`` serves an existing log (``DIR/r<steps>/metrics.jsonl``, e.g. a hard-linked copy
+with its sidecar) instead of generating one; ``--other TREE`` (with ``--other-log-dir``, its own
+copy: each tree writes its own sidecar) serves a second tree warm, alternating with this one
+start by start, and ``--warm-only`` leaves out the cold starts: two trees' warm restarts and
+queries compared on one big index that is built once. ``--gzip`` asks for compressed answers, as
+the page does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import random
@@ -22,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,15 +70,22 @@ def _server(tree: str, logdir: str, out_log: str) -> Iterator[dict[str, Any]]:
         stop_process(proc, 30)
 
 
-def _get_json(url: str, timeout: float = 120.0) -> Any:
-    status, body = http_get(url, timeout)
+def _get_json(url: str, timeout: float = 120.0, gzip_ok: bool = False) -> Any:
+    if gzip_ok:
+        req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, body = resp.status, resp.read()
+        if resp.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+    else:
+        status, body = http_get(url, timeout)
     if status != 200:
         raise RuntimeError(f"{url} answered {status}: {body[:200]!r}")
     return json.loads(body)
 
 
 def one_start(tree: str, logdir: str, name: str, steps: int, windows: list[int], fetches: int,
-              cold: bool, out_dir: str, timeout: float = 900.0) -> dict[str, Any]:
+              cold: bool, out_dir: str, timeout: float = 900.0, gzip_ok: bool = False) -> dict[str, Any]:
     """One server start of ``tree`` on the log (see the module docstring)."""
     log_path = os.path.join(logdir, name, "metrics.jsonl")
     side = os.path.join(logdir, name, ".metrics.jsonl.gmidx")
@@ -92,19 +108,19 @@ def one_start(tree: str, logdir: str, name: str, steps: int, windows: list[int],
             time.sleep(0.02)
         out["index_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        doc = _get_json(f"{srv['url']}/api/runs/{name}/history?points=2000")
+        doc = _get_json(f"{srv['url']}/api/runs/{name}/history?points=2000", gzip_ok=gzip_ok)
         out["first_answer_ms"] = (time.perf_counter() - t1) * 1e3
         out["to_first_full_answer_s"] = time.perf_counter() - t0
         out["cursor_is_the_file"] = doc["cursor"]["offset"] == os.path.getsize(log_path)
         full, zoom = [], []
         for k in range(fetches):
             t1 = time.perf_counter()
-            _get_json(f"{srv['url']}/api/runs/{name}/history?points=2000")
+            _get_json(f"{srv['url']}/api/runs/{name}/history?points=2000", gzip_ok=gzip_ok)
             full.append(time.perf_counter() - t1)
             a = windows[k % len(windows)]
             t1 = time.perf_counter()
             z = _get_json(f"{srv['url']}/api/runs/{name}/history?points=2000&start={a}"
-                          f"&end={a + steps // 100 - 1}")
+                          f"&end={a + steps // 100 - 1}", gzip_ok=gzip_ok)
             zoom.append(time.perf_counter() - t1)
         out["zoom_points"] = len(z["series"].get("loss", {}).get("step", []))
         out["zoom_exact"] = z.get("exact")
@@ -117,24 +133,39 @@ def one_start(tree: str, logdir: str, name: str, steps: int, windows: list[int],
 
 
 def run(steps: int, prev: str | None, rounds: int, fetches: int, out_dir: str, log: Any = print,
-        seed: int = 0) -> dict[str, Any]:
-    """``rounds`` rounds of: previous tree (cold), this tree cold, this tree warm."""
+        seed: int = 0, log_dir: str | None = None, other: str | None = None, other_log_dir: str | None = None,
+        warm_only: bool = False, gzip_ok: bool = False) -> dict[str, Any]:
+    """``rounds`` rounds of: previous tree (cold), [the other tree, warm,] this tree cold, this tree warm
+    (``warm_only``: the warm starts alone)."""
     name = f"r{steps}"
-    logdir = os.path.join(out_dir, "bigruns26", name)
+    logdir = log_dir or os.path.join(out_dir, "bigruns26", name)
     path = os.path.join(logdir, name, "metrics.jsonl")
-    gen = ensure_run_log(path, steps)
+    if log_dir is None:
+        gen = ensure_run_log(path, steps)
+    elif not os.path.isfile(path):
+        raise FileNotFoundError(f"--log-dir: no {path}")
+    else:
+        gen = {"reused": True}
     rng = random.Random(seed)
     windows = [rng.randrange(1, steps - steps // 100) for _ in range(fetches)]
     out: dict[str, Any] = {"steps": steps, "file_mb": os.path.getsize(path) / 1e6,
-                           "generated": not gen["reused"], "rounds": rounds, "fetches": fetches, "starts": []}
-    plan = [(prev, True)] if prev else []
-    plan += [(HERE, True), (HERE, False)]
+                           "generated": not gen["reused"], "rounds": rounds, "fetches": fetches,
+                           "gzip": gzip_ok, "starts": []}
+    labels = {HERE: "this"}
+    plan = [(prev, True, logdir)] if prev and not warm_only else []
+    if prev:
+        labels[prev] = "prev"
+    if other:
+        labels[other] = "other"
+        plan.append((other, False, other_log_dir or logdir))
+    plan += [(HERE, False, logdir)] if warm_only else [(HERE, True, logdir), (HERE, False, logdir)]
     for r in range(rounds):
-        for tree, cold in plan:
-            res = one_start(tree, logdir, name, steps, windows, fetches, cold, out_dir)
+        for tree, cold, where in plan:
+            res = one_start(tree, where, name, steps, windows, fetches, cold, out_dir, gzip_ok=gzip_ok)
             res["round"] = r
+            res["label"] = labels[tree]
             out["starts"].append(res)
-            log(f"  {'prev' if tree == prev else 'this'} {'cold' if cold else 'warm'}: "
+            log(f"  {labels[tree]} {'cold' if cold else 'warm'}: "
                 f"indexed {res['index_s']:.2f} s, "
                 f"first answer {res['first_answer_ms']:.0f} ms, full p50/p99 {res['full_p50_ms']:.0f}/"
                 f"{res['full_p99_ms']:.0f} ms, 1% zoom {res['zoom_p50_ms']:.0f}/{res['zoom_p99_ms']:.0f} ms, "
@@ -151,8 +182,14 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--fetches", type=int, default=20)
     p.add_argument("--out-dir", default=os.path.join(HERE, "benchmarks", "out"))
+    p.add_argument("--log-dir", help="an existing log: DIR/r<steps>/metrics.jsonl (not generated)")
+    p.add_argument("--other", help="a second tree (e.g. main's checkout), served warm beside this one")
+    p.add_argument("--other-log-dir", help="the second tree's copy of the log (default: --log-dir)")
+    p.add_argument("--warm-only", action="store_true", help="no cold starts (the sidecars exist)")
+    p.add_argument("--gzip", action="store_true", help="ask for gzip-compressed answers, as the page does")
     a = p.parse_args()
     os.makedirs(a.out_dir, exist_ok=True)
     result = run(a.steps, a.prev, a.rounds, a.fetches, a.out_dir,
-                 lambda m: print(m, file=sys.stderr, flush=True))
+                 lambda m: print(m, file=sys.stderr, flush=True), log_dir=a.log_dir, other=a.other,
+                 other_log_dir=a.other_log_dir, warm_only=a.warm_only, gzip_ok=a.gzip)
     print(json.dumps(result, indent=1))

@@ -7,9 +7,10 @@ Decoded a chunk at a time, keeping only columns: a 100k-line read never holds 10
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from itertools import chain, islice, repeat
-from operator import itemgetter, le
+from operator import itemgetter, le, lt
 from typing import Any
 
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES
@@ -27,14 +28,42 @@ Series = dict[str, tuple[list[int], list[float]]]  # name -> (steps, values), in
 
 
 def merge_series(into: Series, extra: Series) -> None:
-    """Add ``extra``'s points to ``into`` (in place), keeping each series in step order."""
+    """Add ``extra``'s points to ``into`` (in place), keeping each series in step order (a point
+    equal to one there already is not added again)."""
     for name, (steps, values) in extra.items():
         if not steps:
             continue
         old_s, old_v = into.get(name, ([], []))
-        pts = sorted(set(zip(old_s, _values_key(old_v))) | set(zip(steps, _values_key(values))),
-                     key=lambda p: p[0])
-        into[name] = ([p[0] for p in pts], [_unkey(p[1]) for p in pts])
+        merged = _insert_points(old_s, old_v, steps, values)
+        if merged is None:
+            pts = sorted(set(zip(old_s, _values_key(old_v))) | set(zip(steps, _values_key(values))),
+                         key=lambda p: p[0])
+            merged = ([p[0] for p in pts], [_unkey(p[1]) for p in pts])
+        into[name] = merged
+
+
+_FEW = 64  # extra points merged by insertion (each a bisection and a list insert) rather than a re-sort
+
+
+def _insert_points(old_s: list[int], old_v: list[float], steps: Sequence[int], values: Sequence[float],
+                   ) -> tuple[list[int], list[float]] | None:
+    """``old`` with the few ``steps``/``values`` points inserted at their steps (the common merge:
+    a series of ~2000 points and a few edge or mark points), or ``None`` where the sort in
+    :func:`merge_series` must decide: many points, or two different values at one step (that
+    sort orders them as its set iterates; here every step is unique, so the orders agree)."""
+    if len(steps) > _FEW or not all(map(lt, old_s, islice(old_s, 1, None))):
+        return None  # (old_s strictly increasing: no step twice, so no duplicate to drop either)
+    out_s, out_v = list(old_s), list(old_v)
+    for s, v in zip(steps, values):
+        i = bisect_left(out_s, s)
+        if i < len(out_s) and out_s[i] == s:
+            have = out_v[i]
+            if have == v or (have != have and v != v):  # the same point (NaN: the same too)
+                continue
+            return None
+        out_s.insert(i, s)
+        out_v.insert(i, v)
+    return out_s, out_v
 
 
 def _values_key(values: Iterable[float]) -> list[Any]:
