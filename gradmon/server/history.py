@@ -19,6 +19,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from gradmon.logformat.jsonl import to_jsonable
 from gradmon.server.columns import MISSING, series_from_columns
 from gradmon.server.index import IndexSnapshot
 from gradmon.server.query import HistoryPlan
@@ -148,6 +149,16 @@ def _concat(parts: list[tuple[array, array, bytes, dict[str, tuple[int, array]]]
     return steps, offsets, bytes(flags), cols
 
 
+def _plain_values(marks: list[dict]) -> list[dict]:
+    """The marks with a non-finite ``value`` as its name, as the encoder would write it (so that
+    the list is encoded in one call: a long run has hundreds of NaN and overflow marks)."""
+    for m in marks:
+        v = m["value"]
+        if isinstance(v, float) and not math.isfinite(v):
+            m["value"] = to_jsonable(v)
+    return marks
+
+
 def answer(job: HistoryJob) -> tuple[bytes, bool]:
     """The encoded response body of a history request, and whether it is gzip-compressed."""
     series, exact = answer_series(job)
@@ -163,7 +174,7 @@ def answer(job: HistoryJob) -> tuple[bytes, bool]:
         "eval": idx.eval_in(lo, hi),
         "system": idx.system_in(lo, hi, opts.points),
         "layers": idx.layers,
-        "marks": idx.marks_in(lo, hi),
+        "marks": _plain_values(idx.marks_in(lo, hi)),
         "events": None,  # encoded already: json_body places them
         "headers": idx.headers,
         "latest_segment": idx.latest_segment(),

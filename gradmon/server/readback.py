@@ -42,28 +42,38 @@ def merge_series(into: Series, extra: Series) -> None:
         into[name] = merged
 
 
-_FEW = 64  # extra points merged by insertion (each a bisection and a list insert) rather than a re-sort
+_FEW = 64  # new points inserted one by one (a bisection and a list insert each); more: one sort
 
 
 def _insert_points(old_s: list[int], old_v: list[float], steps: Sequence[int], values: Sequence[float],
                    ) -> tuple[list[int], list[float]] | None:
-    """``old`` with the few ``steps``/``values`` points inserted at their steps (the common merge:
-    a series of ~2000 points and a few edge or mark points), or ``None`` where the sort in
-    :func:`merge_series` must decide: many points, or two different values at one step (that
-    sort orders them as its set iterates; here every step is unique, so the orders agree)."""
-    if len(steps) > _FEW or not all(map(lt, old_s, islice(old_s, 1, None))):
+    """``old`` with the points of ``steps``/``values`` it lacks added at their steps (the common
+    merge: a series of ~2000 points and a few edge or mark points), or ``None`` where the sort
+    in :func:`merge_series` must decide: two different values at one step (that sort orders them
+    as its set iterates; here every step is unique, so the orders agree)."""
+    if not all(map(lt, old_s, islice(old_s, 1, None))):
         return None  # (old_s strictly increasing: no step twice, so no duplicate to drop either)
-    out_s, out_v = list(old_s), list(old_v)
+    new: dict[int, float] = {}
+    n = len(old_s)
     for s, v in zip(steps, values):
-        i = bisect_left(out_s, s)
-        if i < len(out_s) and out_s[i] == s:
-            have = out_v[i]
-            if have == v or (have != have and v != v):  # the same point (NaN: the same too)
-                continue
+        i = bisect_left(old_s, s)
+        have = old_v[i] if i < n and old_s[i] == s else new.get(s, _NONE)
+        if have is _NONE:
+            new[s] = v
+        elif not (have == v or (have != have and v != v)):  # (NaN: the same point too)
             return None
+    if len(new) > _FEW:
+        pts = sorted(chain(zip(old_s, old_v), new.items()), key=itemgetter(0))
+        return [p[0] for p in pts], [p[1] for p in pts]
+    out_s, out_v = list(old_s), list(old_v)
+    for s, v in new.items():
+        i = bisect_left(out_s, s)
         out_s.insert(i, s)
         out_v.insert(i, v)
     return out_s, out_v
+
+
+_NONE: Any = object()
 
 
 def _values_key(values: Iterable[float]) -> list[Any]:
