@@ -361,7 +361,7 @@ class _GatedPool:
         self.entered = threading.Event()
         self.gate = threading.Event()
 
-    def call(self, fn, arg):
+    def call(self, fn, arg, early=False):
         self.entered.set()
         assert self.gate.wait(DEADLINE_S)
         return fn(arg)

@@ -45,9 +45,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from gradmon.server.worker import shared_pool
-
-    shared_pool().prestart()  # the history worker's interpreter starts while this one imports the server
     from gradmon.server.app import serve
     from gradmon.server.limits import raise_open_files_limit
 

@@ -13,11 +13,10 @@ pickles over their stdin/stdout. Only functions of ``gradmon.server`` modules ar
 A child that dies is replaced on the next call; when no child can be started at all (a sandbox
 without ``fork``), calls run in the calling thread instead, with a warning logged once.
 
-A server's first history request must not wait for the worker's interpreter to start (~0.1 s
-quiet, 0.5-0.9 s on a loaded machine, where a warm restart restores a 10M-step index in ~0.03-0.3
-s): ``gradmon serve`` starts the child first thing (:meth:`WorkerPool.prestart`), so that it starts
-while the server imports itself, and calls that ask for it (``early=True``) run in the calling
-thread until the first child is up (:meth:`WorkerPool.warm` returned).
+A restarted server's first history requests do not wait for the worker's interpreter to start
+(~0.1 s quiet, 0.2-0.9 s on a loaded machine, where a warm restart restores a 10M-step index in
+~0.01-0.1 s): calls that ask for it (``early=True``) run in the calling thread until a child has
+answered once, and start one in the background meanwhile (:meth:`WorkerPool.warm`).
 """
 
 from __future__ import annotations
@@ -107,14 +106,18 @@ class WorkerPool:
         self._cond = threading.Condition()
         self._closed = False
         self.in_process = False  # no child could be started: calls run in the caller's thread
-        self._warming = False  # warm() has not returned yet: early calls run in the caller's thread
+        self._up = False  # a child has answered: from then on early calls wait for one too
+        self._warmer: threading.Thread | None = None
 
     def call(self, fn: Callable[[Any], Any], arg: Any, early: bool = False) -> Any:
         """``fn(arg)`` in a worker process (``fn``: a module-level function of gradmon.server);
-        ``early``: in the calling thread while the first worker is still starting (see :meth:`warm`)."""
+        ``early``: in the calling thread until a worker is up (one is started in the background)."""
         name = f"{fn.__module__}.{fn.__qualname__}"
         _resolve(name)  # refuse anything else here, not in the child
-        if self.in_process or (early and self._warming):
+        if self.in_process:
+            return fn(arg)
+        if early and not self._up:
+            self._warm_in_background()
             return fn(arg)
         child = self._acquire()
         for attempt in (0, 1):
@@ -137,35 +140,21 @@ class WorkerPool:
             return result
         raise AssertionError("unreachable")
 
-    def prestart(self) -> None:
-        """Start a worker process now without waiting for it (its interpreter starts while the
-        caller goes on, e.g. importing the server). Never raises: the next call starts one."""
-        with self._cond:
-            if self._closed or self.in_process or self._idle or self._started >= self.size:
-                return
-            self._started += 1
-        try:
-            child = _Child()
-        except OSError as exc:
-            log.debug("cannot start a worker process yet: %s", exc)
-            with self._cond:
-                self._started -= 1
-                self._cond.notify()
-            return
-        self._release(child)
-
     def warm(self) -> None:
-        """Start a worker now (or take the one :meth:`prestart` started) and wait until it has
-        imported the history code, so that no request pays for it (~100 ms: a Python start and
-        the imports); until then, ``early`` calls run in the calling thread. Never raises: a
-        failure here is the next call's to report."""
-        self._warming = True
+        """Start a worker now and wait until it has imported the history code, so that no request
+        waits for it (~100 ms: a Python start and the imports); until then, ``early`` calls run in
+        the calling thread. Never raises: a failure here is the next call's to report."""
         try:
             self.call(ready, None)
         except Exception as exc:  # best effort: the next call reports it
             log.debug("worker warm-up failed: %s", exc)
-        finally:
-            self._warming = False
+
+    def _warm_in_background(self) -> None:
+        with self._cond:
+            if self._warmer is not None or self._closed:
+                return
+            self._warmer = threading.Thread(target=self.warm, name="gradmon-worker-warm", daemon=True)
+        self._warmer.start()
 
     def _acquire(self) -> _Child | None:
         with self._cond:
@@ -186,6 +175,7 @@ class WorkerPool:
 
     def _release(self, child: _Child) -> None:
         with self._cond:
+            self._up = True  # (released after an answer)
             if self._closed:
                 child.close()
             else:
