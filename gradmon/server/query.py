@@ -9,6 +9,7 @@ carries a plan out. Pure: no I/O, no state kept between calls.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
@@ -154,6 +155,8 @@ class _View:
         width = FANOUT**level
         if self.buckets.gone_starts and self.buckets.all_gone(i * width, (i + 1) * width):
             return False  # every record under this node was replaced
+        if start == -math.inf and end == math.inf:
+            return True  # (the whole run: no span to read)
         lo, hi = self.pyramid.levels[level].span(i)
         return lo <= end and hi >= start
 
@@ -227,6 +230,8 @@ class _View:
         return self.pyramid.levels[level].offset_at(i)
 
     def partial(self, node: tuple[int, int], start: float, end: float) -> bool:
+        if start == -math.inf and end == math.inf:
+            return self.must_split(node)  # (the whole run: no span to read)
         lo, hi = self.span(node)  # (not self.node(): a Summary with every field is 10x the cost)
         return lo < start or hi > end or self.must_split(node)
 
