@@ -179,26 +179,23 @@ def run(steps: int, prev: str | None, rounds: int, fetches: int, out_dir: str, l
                            "generated": not gen["reused"], "rounds": rounds, "fetches": fetches,
                            "bytecode": bytecode,
                            "gzip": gzip_ok, "starts": []}
-    labels = {HERE: "this"}
-    plan = [(prev, True, logdir)] if prev and not warm_only else []
-    if prev:
-        labels[prev] = "prev"
+    plan = [("prev", prev, True, logdir)] if prev and not warm_only else []
     if other:
-        labels[other] = "other"
-        plan.append((other, False, other_log_dir or logdir))
-    plan += [(HERE, False, logdir)] if warm_only else [(HERE, True, logdir), (HERE, False, logdir)]
+        plan.append(("other", other, False, other_log_dir or logdir))
+    plan += [("this", HERE, False, logdir)] if warm_only else [("this", HERE, True, logdir),
+                                                                ("this", HERE, False, logdir)]
     pycache = os.path.join(out_dir, "pycache") if bytecode else None
     if pycache is not None:
-        for tree in {tree for tree, _cold, _where in plan}:
+        for tree in {tree for _label, tree, _cold, _where in plan}:
             compile_tree(tree, pycache)
     for r in range(rounds):
-        for tree, cold, where in plan:
+        for label, tree, cold, where in plan:
             res = one_start(tree, where, name, steps, windows, fetches, cold, out_dir, gzip_ok=gzip_ok,
                             pycache=pycache)
             res["round"] = r
-            res["label"] = labels[tree]
+            res["label"] = label
             out["starts"].append(res)
-            log(f"  {labels[tree]} {'cold' if cold else 'warm'}: "
+            log(f"  {label} {'cold' if cold else 'warm'}: "
                 f"indexed {res['index_s']:.2f} s, "
                 f"first answer {res['first_answer_ms']:.0f} ms, full p50/p99 {res['full_p50_ms']:.0f}/"
                 f"{res['full_p99_ms']:.0f} ms, 1% zoom {res['zoom_p50_ms']:.0f}/{res['zoom_p99_ms']:.0f} ms, "
