@@ -16,7 +16,8 @@ without ``fork``), calls run in the calling thread instead, with a warning logge
 A restarted server's first history requests do not wait for the worker's interpreter to start
 (~0.1 s quiet, 0.2-0.9 s on a loaded machine, where a warm restart restores a 10M-step index in
 ~0.01-0.1 s): calls that ask for it (``early=True``) run in the calling thread until a child has
-answered once, and start one in the background meanwhile (:meth:`WorkerPool.warm`).
+answered once, and then start one in the background (:meth:`WorkerPool.warm`; the server also
+warms the pool shortly after it listens).
 """
 
 from __future__ import annotations
@@ -111,14 +112,16 @@ class WorkerPool:
 
     def call(self, fn: Callable[[Any], Any], arg: Any, early: bool = False) -> Any:
         """``fn(arg)`` in a worker process (``fn``: a module-level function of gradmon.server);
-        ``early``: in the calling thread until a worker is up (one is started in the background)."""
+        ``early``: in the calling thread until a worker is up (then one is started in the background)."""
         name = f"{fn.__module__}.{fn.__qualname__}"
         _resolve(name)  # refuse anything else here, not in the child
         if self.in_process:
             return fn(arg)
         if early and not self._up:
-            self._warm_in_background()
-            return fn(arg)
+            try:
+                return fn(arg)
+            finally:  # (after the answer: a worker's start would slow it down)
+                self._warm_in_background()
         child = self._acquire()
         for attempt in (0, 1):
             if child is None:
