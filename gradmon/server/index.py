@@ -21,6 +21,7 @@ Queries are not answered here: :meth:`RunIndex.plan_history` passes the pyramid 
 from __future__ import annotations
 
 import json
+import math
 from array import array
 from collections import deque
 from collections.abc import Sequence
@@ -256,6 +257,8 @@ class IndexSnapshot:
     def visible_marks(self, start: float, end: float) -> list[Mark]:
         """The marks with steps in ``[start, end]`` that no later segment replaced."""
         rep = self.replaced
+        if not rep.any:  # (one segment, or none replaced anything: the common run)
+            return [m for m in self.marks if start <= m[0] <= end]
         return [m for m, k in zip(self.marks, self.mark_segments)
                 if start <= m[0] <= end and not rep.hides(k, m[0])]
 
@@ -292,6 +295,10 @@ class IndexSnapshot:
     def encoded_events_in(self, start: float, end: float) -> list[bytes]:
         """:meth:`events_in`, each event as the strict JSON the history sends."""
         rep = self.replaced
+        if not rep.any:  # (one segment, or none replaced anything: the common run)
+            if start == -math.inf and end == math.inf:
+                return list(self.events)
+            return [ev for ev, s in zip(self.events, self.event_steps) if s is None or start <= s <= end]
         return [ev for ev, s, k in zip(self.events, self.event_steps, self.event_segments)
                 if s is None or (start <= s <= end and not rep.hides(k, s))]
 
