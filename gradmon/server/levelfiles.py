@@ -153,16 +153,23 @@ class LevelFile:
 
     def field_columns(self, name: str, i0: int, i1: int) -> tuple[int, list[list]] | None:
         """Buckets ``[i0, i1)`` of field ``name`` as nine columns (the ``FIELD`` record's members),
-        from its first bucket there on: ``(that bucket, columns)``; ``None`` when it has none. A
-        few C calls per column (the records as arrays, sliced), not one per bucket."""
-        found = next((f for f in self._mapped()[1] if f[0] == name), None)
-        if found is None:
+        from its first bucket there on: ``(that bucket, columns)``; ``None`` when it has none. One
+        read of the records (``pread``: no map to set up and tear down, ~0.1 ms a query for ten
+        fields' files) and a few C calls per column, not one per bucket."""
+        got = self.fields.get(name)
+        if got is None:
             return None
-        _name, m, first = found
-        j0, j1 = max(i0, first) - first, i1 - first
+        num, first = got
+        j0, j1 = max(i0, first) - first, min(i1, self.size) - first
         if j1 <= j0:
             return None
-        raw = m[j0 * FIELD.size: j1 * FIELD.size]
+        fd = os.open(self._path(f"f{num}"), os.O_RDONLY)
+        try:
+            raw = os.pread(fd, (j1 - j0) * FIELD.size, j0 * FIELD.size)
+        finally:
+            os.close(fd)
+        if len(raw) != (j1 - j0) * FIELD.size:
+            raise OSError(f"{self._path(f'f{num}')} is shorter than its {self.size} buckets")
         ints, floats = array("q"), array("d")
         ints.frombytes(raw)
         floats.frombytes(raw)
