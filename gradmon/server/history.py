@@ -159,6 +159,17 @@ def _plain_values(marks: list[dict]) -> list[dict]:
     return marks
 
 
+def _plain_numbers(values: list[float]) -> list:
+    """``values`` with each non-finite one as its name, as the encoder would write it (so that the
+    body is encoded in one call; a series holds a NaN where a mark's point was added, or the log's)."""
+    try:
+        if math.isfinite(sum(values)):  # (one C pass: no NaN or infinity among them)
+            return values
+    except (OverflowError, TypeError):
+        return values  # (the encoder's general path decides)
+    return [x if x - x == 0 else to_jsonable(x) for x in values]
+
+
 def answer(job: HistoryJob) -> tuple[bytes, bool]:
     """The encoded response body of a history request, and whether it is gzip-compressed."""
     series, exact = answer_series(job)
@@ -181,6 +192,6 @@ def answer(job: HistoryJob) -> tuple[bytes, bool]:
         "malformed": idx.malformed,
         "marks_dropped": idx.marks_dropped,
         "events_dropped": idx.events_dropped,
-        "series": {n: {"step": s, "value": v} for n, (s, v) in series.items()},
+        "series": {n: {"step": s, "value": _plain_numbers(v)} for n, (s, v) in series.items()},
     }
     return json_body(body, job.gzip_ok, {"events": idx.encoded_events_in(lo, hi)})
