@@ -32,10 +32,11 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Mapping
 from itertools import accumulate, chain, compress, count, islice, repeat
-from operator import gt, itemgetter, lt, mul, sub
+from operator import gt, lt, mul, sub
 from typing import Any, Optional
 
 from gradmon.logformat.alarms import AlarmConfig, AlarmRule
+from gradmon.server.parse import KeyColumns
 from gradmon.server.values import number
 
 __all__ = ["BatchAlarmRule", "WindowBaseline", "readable"]
@@ -154,25 +155,29 @@ class BatchAlarmRule(AlarmRule):
         server reads numbers, ``values.number``) rather than failing on it."""
         return super().update(readable(record))
 
-    def update_steps(self, records: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    def update_steps(self, records: list[dict[str, Any]],
+                     columns: KeyColumns | None = None) -> list[tuple[int, dict[str, Any]]]:
         """Feed consecutive ``step`` records (in file order); return ``(position, event)`` pairs:
-        the events ``update`` would return for each record, with that record's position."""
+        the events ``update`` would return for each record, with that record's position
+        (``columns``: the records' values by key when taken already, ``parse.KeyColumns``)."""
         out: list[tuple[int, dict[str, Any]]] = []
-        steps = list(map(itemgetter("step"), records))
+        if columns is None or columns.records is not records:
+            columns = KeyColumns(records)
+        steps = columns.values("step")  # (an int in every step record: parse.py)
         last = self._last_step
         if not records or not self.bulk or not (last is None or steps[0] > last) \
                 or not all(map(lt, steps, islice(steps, 1, None))):
             self._one_by_one(records, 0, len(records), out)
             return out
-        losses, odd_losses = _column(records, "loss")
-        norms, odd_norms = _column(records, "grad_norm")
-        scales = list(map(dict.get, records, repeat("loss_scale")))
-        columns = (losses, norms, None if scales.count(None) == len(scales) else scales)
+        losses, odd_losses = _column(columns.values("loss"))
+        norms, odd_norms = _column(columns.values("grad_norm"))
+        scales = columns.values("loss_scale")
+        cols = (losses, norms, None if scales.count(None) == len(scales) else scales)
         odd = {*odd_losses, *odd_norms, *_flag_without_norm(records, norms)}
         lo = 0
         for i in [*sorted(odd), len(records)]:
             if i > lo:
-                self._plain(records, steps, columns, lo, i, out)
+                self._plain(records, steps, cols, lo, i, out)
             if i < len(records):
                 self._one_by_one(records, i, i + 1, out)
             lo = i + 1
@@ -296,11 +301,11 @@ _Columns = tuple[list[Any], list[Any], Optional[list[Any]]]
 _Present = tuple[Optional[list[int]], list[float]]
 
 
-def _column(records: list[dict[str, Any]], name: str) -> tuple[list[Any], list[int]]:
-    """The field's values (``None`` where absent; integers as floats, as the rule takes them), and
-    the positions of values that are neither absent nor a finite number (bools, text, NaN, inf,
-    integers too big for a float): those records go through ``AlarmRule.update``."""
-    values = list(map(dict.get, records, repeat(name)))
+def _column(values: list[Any]) -> tuple[list[Any], list[int]]:
+    """A field's values (``values``: ``None`` where absent, not changed here; integers as floats, as
+    the rule takes them), and the positions of values that are neither absent nor a finite number
+    (bools, text, NaN, inf, integers too big for a float): those records go through
+    ``AlarmRule.update``."""
     absent = values.count(None)
     if absent == len(values):
         return values, []

@@ -22,7 +22,7 @@ from operator import itemgetter, le
 
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES
 from gradmon.server.downsample import downsample_indices
-from gradmon.server.parse import ParsedLines
+from gradmon.server.parse import KeyColumns, ParsedLines
 from gradmon.server.segments import Intervals, Replaced
 from gradmon.server.steps import TS
 from gradmon.server.values import FAST_TYPES, number
@@ -50,9 +50,10 @@ class Rows:
         return len(self.steps)
 
 
-def _floats(column: list) -> array:
-    """The column as float64s (``MISSING`` where no number)."""
-    if set(map(type, column)) <= FAST_TYPES:
+def _floats(column: list, plain: bool = False) -> array:
+    """The column as float64s (``MISSING`` where no number); ``plain``: every value is known to be
+    an ``int`` or a ``float``."""
+    if plain or set(map(type, column)) <= FAST_TYPES:
         try:
             return array("d", column)
         except OverflowError:  # an integer too big for a float: number() reads it as +-inf
@@ -66,12 +67,16 @@ def step_rows(parsed: ParsedLines, known: Collection[str], seen: set[str] | None
     records so far; a batch whose records have no other key takes the keys to look at from
     ``known`` and ``seen`` instead of from every record (the common batch)."""
     recs = parsed.records
-    kinds = list(map(itemgetter("type"), recs))
+    cols = parsed.columns
+    if cols is None or cols.records is not recs:
+        cols = KeyColumns(recs)
+    kinds = cols.values("type")
     if kinds.count("step") == len(recs):
         pos = None
         steps_recs = recs
         offsets = parsed.offsets
     else:
+        cols = None  # (the step records are some of them: their own columns)
         pos = [i for i, k in enumerate(kinds) if k == "step"]
         steps_recs = [recs[i] for i in pos]
         offsets = [parsed.offsets[i] for i in pos]
@@ -94,10 +99,10 @@ def step_rows(parsed: ParsedLines, known: Collection[str], seen: set[str] | None
     for name in names:
         if name in _SKIP:
             continue
-        raw = list(map(dict.get, steps_recs, repeat(name)))
+        raw = list(map(dict.get, steps_recs, repeat(name))) if cols is None else cols.values(name)
         if name not in known and raw.count(None) == len(raw):
             continue  # not in this batch (or no value at all)
-        values = _floats(raw)
+        values = _floats(raw, cols is not None and cols.fast(name))
         first = 0
         if name not in known:
             bits = array("Q", values.tobytes())
@@ -107,7 +112,8 @@ def step_rows(parsed: ParsedLines, known: Collection[str], seen: set[str] | None
                 continue  # no number yet: no column yet
             values = values[first:]
         columns[name] = (first, values)
-    return Rows(array("q", offsets), array("q", map(itemgetter("step"), steps_recs)), flags, columns)
+    steps = map(itemgetter("step"), steps_recs) if cols is None else cols.values("step")
+    return Rows(array("q", offsets), array("q", steps), flags, columns)
 
 
 def series_from_columns(steps: Sequence[int], offsets: Sequence[int], flags: bytes,

@@ -29,6 +29,7 @@ from gradmon.logformat.alarms import AlarmConfig
 from gradmon.logformat.jsonl import encode_record
 from gradmon.logformat.schema import ALARM_RULE_FIELD, DERIVED_SOURCE
 from gradmon.server.alarmrule import BatchAlarmRule
+from gradmon.server.parse import KeyColumns
 
 __all__ = ["MAX_DERIVED", "Derived", "DerivedAlarms", "splice"]
 
@@ -81,9 +82,11 @@ class DerivedAlarms:
             return self._run(lambda rule: [(0, e) for e in rule.update(record)], [offset], before=False)
         return []
 
-    def steps(self, records: list[dict[str, Any]], offsets: Sequence[int]) -> list[dict[str, Any]]:
-        """Consecutive step records starting at byte ``offsets[i]``: the events they raise."""
-        return self._run(lambda rule: rule.update_steps(records), offsets, before=False)
+    def steps(self, records: list[dict[str, Any]], offsets: Sequence[int],
+              columns: KeyColumns | None = None) -> list[dict[str, Any]]:
+        """Consecutive step records starting at byte ``offsets[i]``: the events they raise
+        (``columns``: their values by key, when taken already: ``parse.KeyColumns``)."""
+        return self._run(lambda rule: rule.update_steps(records, columns), offsets, before=False)
 
     def _run(self, feed: Callable[[BatchAlarmRule], list[tuple[int, dict[str, Any]]]],
              offsets: Sequence[int], before: bool) -> list[dict[str, Any]]:

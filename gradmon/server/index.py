@@ -32,7 +32,7 @@ from typing import Any
 from gradmon.logformat.schema import NOT_SERIES
 from gradmon.server.derived import DerivedAlarms
 from gradmon.server.hub import dumps
-from gradmon.server.parse import ParsedLines, parse_lines
+from gradmon.server.parse import KeyColumns, ParsedLines, parse_lines
 from gradmon.server.query import HistoryPlan, plan_history
 from gradmon.server.sampled import SampledSeries
 from gradmon.server.segments import Replaced, Segments
@@ -97,7 +97,7 @@ class RunIndex:
         self.records += len(recs)
         kinds = list(map(itemgetter("type"), recs))
         if kinds.count("step") == len(recs):  # the common batch: step records only
-            self._add_steps(recs, offsets, check)
+            self._add_steps(recs, offsets, check, parsed.columns)
         else:  # runs of step records between the other records, in file order
             i = 0
             while i < len(recs):
@@ -116,9 +116,12 @@ class RunIndex:
             self.first_ts = next((ts for rec in recs if (ts := finite(rec.get(TS))) is not None), None)
         return parsed
 
-    def _add_steps(self, recs: list[dict], offsets: list[int], check: list[int]) -> None:
-        self.segments.note_steps(*self.steps.add(recs, offsets, check, self.segments.current))
-        self._add_events(self.derived.steps(recs, offsets))
+    def _add_steps(self, recs: list[dict], offsets: list[int], check: list[int],
+                   columns: KeyColumns | None = None) -> None:
+        if columns is None or columns.records is not recs:
+            columns = KeyColumns(recs)  # (taken once here, shared by the pyramid and the alarm rule)
+        self.segments.note_steps(*self.steps.add(recs, offsets, check, self.segments.current, columns))
+        self._add_events(self.derived.steps(recs, offsets, columns))
 
     def _add_other(self, rec: dict, offset: int) -> None:
         kind = rec["type"]

@@ -23,8 +23,9 @@ from typing import Any
 # The field-type rules of ``validate_record``, checked here a column at a time.
 from gradmon.logformat.jsonl import STRICT_DECODER, RecordError, decode_record, encode_record, validate_record
 from gradmon.logformat.schema import INT_FIELDS, NUMBER_FIELDS
+from gradmon.server.values import FAST_TYPES
 
-__all__ = ["ParsedLines", "parse_lines"]
+__all__ = ["KeyColumns", "ParsedLines", "parse_lines"]
 
 # A strict scanner (RFC 8259): a line with a bare NaN/Infinity token fails here and takes the slow
 # path (``decode_record`` reads it, and the record is re-encoded); no control characters in
@@ -45,6 +46,37 @@ _TYPE_OK = {
 _TYPE_OK["step"] = frozenset({int})  # the fast path only takes step records, which need a step
 
 
+class KeyColumns:
+    """The values of each key over a list of records (``None`` where a record has none), each
+    taken once, when first asked for, and shared by whoever reads the batch next: the validation
+    here, the pyramid's summaries (``steps.py``), the sidecar's rows (``columns.step_rows``) and the
+    alarm rule. A column is a list nobody may change."""
+
+    __slots__ = ("_types", "_values", "records")
+
+    def __init__(self, records: list[dict]) -> None:
+        self.records = records
+        self._values: dict[str, list[Any]] = {}
+        self._types: dict[str, set[type]] = {}
+
+    def values(self, key: str) -> list[Any]:
+        got = self._values.get(key)
+        if got is None:
+            got = self._values[key] = list(map(dict.get, self.records, repeat(key)))
+        return got
+
+    def types(self, key: str) -> set[type]:
+        """The types of the key's values (``NoneType`` when some record has none)."""
+        got = self._types.get(key)
+        if got is None:
+            got = self._types[key] = set(map(type, self.values(key)))
+        return got
+
+    def fast(self, key: str) -> bool:
+        """Whether every record has a plain ``int`` or ``float`` there (no None, bool or text)."""
+        return self.types(key) <= FAST_TYPES
+
+
 @dataclass
 class ParsedLines:
     """The valid records of a batch of lines, in file order."""
@@ -58,6 +90,7 @@ class ParsedLines:
     check: list[int] = field(default_factory=list)
     malformed: int = 0
     end: int = 0  # byte offset after the last line
+    columns: KeyColumns | None = None  # of ``records`` (set by parse_lines)
 
 
 def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
@@ -86,8 +119,12 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
     flagged = {i for i, (_e, ln) in enumerate(lines) if ln is not None and b"true" in ln} \
         if b"true" in blob else set()
     slow = [i for i, r in enumerate(decoded) if r is None] if decoded.count(None) else []
-    if _all_valid([r for r in decoded if r is not None] if slow else decoded):
-        return _assemble(lines, start, decoded, slow, flagged, typeless, out)
+    fast = KeyColumns([r for r in decoded if r is not None] if slow else decoded)
+    if _all_valid(fast):
+        _assemble(lines, start, decoded, slow, flagged, typeless, out)
+        # (the common batch: the records are the ones validated, whose columns are taken already)
+        out.columns = fast if out.records is fast.records else KeyColumns(out.records)
+        return out
     records, offsets, raw, check = out.records, out.offsets, out.raw, out.check
     offset = start
     for i, (end, line) in enumerate(lines):
@@ -113,6 +150,7 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
         records.append(rec)
         offsets.append(offset)
         offset = end
+    out.columns = KeyColumns(records)
     return out
 
 
@@ -254,12 +292,13 @@ def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], blanks: bool) 
     return decoded, typeless
 
 
-def _all_valid(recs: list[Any]) -> bool:
-    """Whether ``validate_record`` accepts every one of ``recs`` (step records from the fast
-    path), checked a column at a time."""
+def _all_valid(columns: KeyColumns) -> bool:
+    """Whether ``validate_record`` accepts every one of ``columns.records`` (step records from
+    the fast path), checked a column at a time."""
+    recs = columns.records
     if not recs:
         return True
     keys = set().union(*recs)
     keys.add("step")
-    return all(set(map(type, map(dict.get, recs, repeat(key)))) <= ok  # (no Python loop per record)
+    return all(columns.types(key) <= ok  # (no Python loop per record)
                for key, ok in _TYPE_OK.items() if key in keys)

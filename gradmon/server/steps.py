@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 from array import array
 from itertools import islice, repeat
-from operator import itemgetter, le
+from operator import le
 from typing import Any, Optional
 
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES, OVERFLOW_REASON
+from gradmon.server.parse import KeyColumns
 from gradmon.server.pyramid import BUCKET, Pyramid, Summary, column_summary
 from gradmon.server.values import number
 
@@ -54,22 +55,43 @@ class StepSeries:
         self._ob_offset = 0
         self._ob_marked: set[int] = set()  # positions in the open bucket whose marks are taken
         self._ob_cache: tuple[int, Summary] | None = None
+        self._init_columns()
         self.marks: list[Mark] = []
         self.mark_segments = array("I")  # segment of each mark
         self.marks_dropped = 0
         self._segment = 0
+
+    def _init_columns(self) -> None:
+        # The open bucket's values per series name, taken from each batch's columns (one
+        # ``dict.get`` pass per key and batch, shared with the sidecar's rows: parse.KeyColumns),
+        # and the names with a piece whose types are not known to be plain int/float. A name not
+        # here is read from the bucket's records. Not pickled: a restored index reads its records.
+        self._ob_cols: dict[str, list] = {}
+        self._ob_unchecked: set[str] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_ob_cols"], state["_ob_unchecked"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_columns()
 
     def series_names(self) -> list[str]:
         """The names of the history series: the numeric fields, then ``ts`` when known."""
         return [*self.fields, TS] if self._has_ts else list(self.fields)
 
     def add(self, recs: list[dict], offsets: list[int], check: list[int],
-            segment: int) -> tuple[int, int, bool]:
+            segment: int, columns: KeyColumns | None = None) -> tuple[int, int, bool]:
         """Index consecutive step records (starting at byte ``offsets[i]``) of ``segment``;
-        ``check``: positions of those that may carry marks. Whole slices go into the open bucket.
+        ``check``: positions of those that may carry marks; ``columns``: their values by key, when
+        taken already (``parse.KeyColumns`` of ``recs``). Whole slices go into the open bucket.
         Returns their smallest and largest step, and whether their steps never go back."""
         self._segment = segment
-        steps = list(map(itemgetter("step"), recs))
+        if columns is None or columns.records is not recs:
+            columns = KeyColumns(recs)
+        steps = columns.values("step")  # (every step record has an int step: parse.py)
         self.count += len(recs)
         self.last_step = steps[-1]
         lo, hi = min(steps), max(steps)
@@ -82,6 +104,8 @@ class StepSeries:
                     self._discover(rec)
         for c in check:
             self._step_marks(recs[c], steps[c])
+        names = self.series_names()
+        raw = [(name, columns.values(name), columns.fast(name)) for name in names]
         checks = iter(check)
         c = next(checks, -1)
         i, n = 0, len(recs)
@@ -93,6 +117,16 @@ class StepSeries:
             while 0 <= c < j:
                 self._ob_marked.add(len(ob) + c - i)
                 c = next(checks, -1)
+            obc = self._ob_cols
+            for name, values, fast in raw:
+                col = obc.get(name)
+                if col is None:  # (a new field, or a restored index: the bucket's records have it)
+                    col = obc[name] = list(map(dict.get, ob, repeat(name)))
+                    if ob:
+                        self._ob_unchecked.add(name)
+                col.extend(values[i:j] if i or j < n else values)
+                if not fast:
+                    self._ob_unchecked.add(name)
             ob.extend(recs[i:j])
             self._ob_steps.extend(steps[i:j])
             if len(ob) >= BUCKET:
@@ -111,6 +145,7 @@ class StepSeries:
         self._ob_steps = []
         self._ob_marked = set()
         self._ob_cache = None
+        self._init_columns()
 
     def open_summary(self) -> Summary | None:
         """The open bucket's summary (computed on demand, cached until the bucket changes)."""
@@ -180,8 +215,13 @@ class StepSeries:
             if any(number(r.get(name)) is not None for r in recs):
                 self._text_names.discard(name)
                 self._add_field(name)
+        cols = self._ob_cols if recs is self._ob_recs else {}
         for name in self.series_names():
-            f, nonfinite = column_summary(list(map(dict.get, recs, repeat(name))), steps)
+            values = cols.get(name)
+            checked = values is not None and name not in self._ob_unchecked  # plain ints/floats only
+            if values is None:
+                values = list(map(dict.get, recs, repeat(name)))
+            f, nonfinite = column_summary(values, steps, checked)
             if f is not None:
                 out.fields[name] = f
             if nonfinite and marked is not None and name != TS:
