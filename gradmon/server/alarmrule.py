@@ -268,6 +268,9 @@ class BatchAlarmRule(AlarmRule):
         seen = window.seen
         end = seen + len(values)
         first = (seen // config.window + 1) * config.window
+        if first > end and not seen < config.min_history <= end:  # the common call: no sample in it
+            window.extend(values)
+            return
         points = sorted({*range(first, end + 1, config.window),
                          *([config.min_history] if seen < config.min_history <= end else [])})
         start = 0

@@ -90,7 +90,8 @@ def step_rows(parsed: ParsedLines, known: Collection[str], seen: set[str] | None
             rec = recs[i]
             flags[r] = sum(1 << b for b, (flag, _k) in enumerate(MARK_FLAGS) if rec.get(flag) is True)
     columns: dict[str, tuple[int, array]] = {}
-    if seen is not None and all(map(seen.issuperset, steps_recs)):
+    if seen is not None and (seen.issuperset(cols.keys()) if cols is not None
+                             else all(map(seen.issuperset, steps_recs))):
         names: Iterable[str] = [*known, *(seen.difference(known).difference(_SKIP))]
     else:
         names = dict.fromkeys(chain.from_iterable(steps_recs))

@@ -95,9 +95,10 @@ class RunIndex:
         if not recs:
             return parsed
         self.records += len(recs)
-        kinds = list(map(itemgetter("type"), recs))
+        cols = parsed.columns
+        kinds = cols.values("type") if cols is not None else list(map(itemgetter("type"), recs))
         if kinds.count("step") == len(recs):  # the common batch: step records only
-            self._add_steps(recs, offsets, check, parsed.columns)
+            self._add_steps(recs, offsets, check, cols)
         else:  # runs of step records between the other records, in file order
             i = 0
             while i < len(recs):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import is_not
+from operator import is_not, itemgetter
 from typing import Any
 
 # The field-type rules of ``validate_record``, checked here a column at a time.
@@ -52,12 +52,19 @@ class KeyColumns:
     here, the pyramid's summaries (``steps.py``), the sidecar's rows (``columns.step_rows``) and the
     alarm rule. A column is a list nobody may change."""
 
-    __slots__ = ("_types", "_values", "records")
+    __slots__ = ("_keys", "_types", "_values", "records")
 
     def __init__(self, records: list[dict]) -> None:
         self.records = records
         self._values: dict[str, list[Any]] = {}
         self._types: dict[str, set[type]] = {}
+        self._keys: set[str] | None = None
+
+    def keys(self) -> set[str]:
+        """Every key of the records (a set nobody may change)."""
+        if self._keys is None:
+            self._keys = set().union(*self.records)
+        return self._keys
 
     def values(self, key: str) -> list[Any]:
         got = self._values.get(key)
@@ -102,12 +109,13 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
     if not lines:
         return out
     out.end = lines[-1][0]
-    blob = b"\n".join([b"" if ln is None else ln for _e, ln in lines])
+    texts = list(map(itemgetter(1), lines))
+    blob = b"\n".join(texts if None not in texts else [b"" if ln is None else ln for ln in texts])
     if _orjson_loads is not None and use_orjson:
         # orjson allows blanks around a value (a line whose raw form must be stripped first):
         # look for them line by line only when the batch has any.
         blanks = b" " in blob or b"\t" in blob or b"\r" in blob  # (compact JSON has no blanks)
-        decoded, typeless = _candidates_orjson(lines, blanks)
+        decoded, typeless = _candidates_orjson(lines, texts, blanks)
     else:
         decoded, typeless = _candidates_stdlib(lines, blob)
     # Lines that may hold the strings "NaN"/"Infinity"/"-Infinity" (an escape can spell them too)
@@ -121,7 +129,7 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
     slow = [i for i, r in enumerate(decoded) if r is None] if decoded.count(None) else []
     fast = KeyColumns([r for r in decoded if r is not None] if slow else decoded)
     if _all_valid(fast):
-        _assemble(lines, start, decoded, slow, flagged, typeless, out)
+        _assemble(lines, texts, start, decoded, slow, flagged, typeless, out)
         # (the common batch: the records are the ones validated, whose columns are taken already)
         out.columns = fast if out.records is fast.records else KeyColumns(out.records)
         return out
@@ -154,15 +162,16 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
     return out
 
 
-def _assemble(lines: Sequence[tuple[int, bytes | None]], start: int, decoded: list[Any],
-              slow: list[int], flagged: set[int], typeless: set[int], out: ParsedLines) -> ParsedLines:
+def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | None], start: int,
+              decoded: list[Any], slow: list[int], flagged: set[int], typeless: set[int],
+              out: ParsedLines) -> ParsedLines:
     """The result when every fast-path record is valid: ``decode_record`` decides the lines at
-    positions ``slow`` only (the common batch has none)."""
-    raw: list[Any] = [ln for _e, ln in lines]
+    positions ``slow`` only (the common batch has none). ``texts``: the lines' bytes."""
+    raw: list[Any] = list(texts) if typeless or slow else texts
     for i in typeless:
         if decoded[i] is not None:
             raw[i] = _typed(raw[i])
-    offsets = [e for e, _ln in lines]  # each line starts where the one before ended
+    offsets = list(map(itemgetter(0), lines))  # each line starts where the one before ended
     offsets.pop()
     offsets.insert(0, start)
     check = set(flagged)
@@ -248,7 +257,8 @@ def _candidates_stdlib(lines: Sequence[tuple[int, bytes | None]], blob: bytes) -
     return decoded, typeless
 
 
-def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], blanks: bool) -> tuple[list[Any], set[int]]:
+def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | None],
+                       blanks: bool) -> tuple[list[Any], set[int]]:
     """As :func:`_candidates_stdlib`, parsed by orjson. Where orjson and the stdlib differ, the
     line is not a candidate or the difference cannot matter: orjson refuses lone surrogates and
     ``1e999`` (left to ``decode_record``), and reads integers beyond 64 bits as floats, which
@@ -256,7 +266,6 @@ def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], blanks: bool) 
     index turns into floats anyway: the one difference in the result, a step record's huge
     integer value given as a float. Non-step records are left to ``decode_record``."""
     loads = _orjson_loads
-    texts = [ln for _e, ln in lines]
     typeless: set[int] = set()
     try:  # the common batch, without a Python loop per line: every line parses
         objs = list(map(loads, texts))  # type: ignore[arg-type]
@@ -298,7 +307,6 @@ def _all_valid(columns: KeyColumns) -> bool:
     recs = columns.records
     if not recs:
         return True
-    keys = set().union(*recs)
-    keys.add("step")
+    keys = columns.keys()
     return all(columns.types(key) <= ok  # (no Python loop per record)
-               for key, ok in _TYPE_OK.items() if key in keys)
+               for key, ok in _TYPE_OK.items() if key in keys or key == "step")

@@ -299,6 +299,12 @@ def _extend_points(out: list[tuple[int, float]], cols: Sequence[Sequence[Any]]) 
             ext(sorted({first, low, high, last}))
 
 
+def _level_ordered(parts: Sequence[Summary], names: list[str]) -> bool:
+    """Whether each summary has every one of the level's fields ``names``, in that order (then
+    they are what ``Level.get`` gives back for them)."""
+    return all(list(p.fields) == names for p in parts)
+
+
 class _Joined(Sequence):
     """One base column of a level with a store: the store's values, then the tail's."""
 
@@ -326,12 +332,16 @@ class Pyramid:
     def __init__(self) -> None:
         self.levels: list[Level] = [Level()]
         self.directory: str | None = None  # where the stored levels' files are (attach)
+        # Per level, the summaries appended since its last merge, as appended (the next merge takes
+        # them instead of reading them back from the level's columns or files). Not pickled: a
+        # restored pyramid reads its first merge's parts back.
+        self._unmerged: list[list[Summary]] = []
 
     def __getstate__(self) -> dict[str, Any]:
         return {"levels": self.levels}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.levels, self.directory = state["levels"], None
+        self.levels, self.directory, self._unmerged = state["levels"], None, []
 
     # ---- stored levels (levelfiles.py) ----------------------------------------------------
 
@@ -379,10 +389,22 @@ class Pyramid:
     def push(self, s: Summary) -> None:
         """Append the summary of the next base bucket (merging upwards as levels fill)."""
         self.levels[0].append(s)
+        unmerged = self._unmerged
         level = 0
-        while self.levels[level].size % FANOUT == 0:
+        while True:
+            if level == len(unmerged):
+                unmerged.append([])
+            parts = unmerged[level]
+            parts.append(s)
             lvl = self.levels[level]
-            merged = merge_summaries([lvl.get(i) for i in range(lvl.size - FANOUT, lvl.size)])
+            if lvl.size % FANOUT:
+                break
+            if len(parts) != FANOUT or not _level_ordered(parts, list(lvl.fields)):
+                # (restored mid-way, or fields in another order than the level's: read them back,
+                # so the merge is Level.get's, field order included)
+                parts = [lvl.get(i) for i in range(lvl.size - FANOUT, lvl.size)]
+            unmerged[level] = []
+            s = merged = merge_summaries(parts)
             if level + 1 == len(self.levels):
                 self.levels.append(Level())
                 if self.directory is not None and level + 1 < STORED_LEVELS:
