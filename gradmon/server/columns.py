@@ -50,12 +50,24 @@ class Rows:
         return len(self.steps)
 
 
+def _packed(typecode: str, values: Sequence) -> array:
+    """``array(typecode, values)`` for plain numbers, built by one ``struct.pack`` (about twice as
+    fast as the array's own conversion, value by value the same C conversion)."""
+    try:
+        raw = struct.pack(f"={len(values)}{typecode}", *values)
+    except struct.error:  # (out of range: the array says so, with its own error)
+        return array(typecode, values)
+    out = array(typecode)
+    out.frombytes(raw)
+    return out
+
+
 def _floats(column: list, plain: bool = False) -> array:
     """The column as float64s (``MISSING`` where no number); ``plain``: every value is known to be
     an ``int`` or a ``float``."""
     if plain or set(map(type, column)) <= FAST_TYPES:
         try:
-            return array("d", column)
+            return _packed("d", column)
         except OverflowError:  # an integer too big for a float: number() reads it as +-inf
             pass
     return array("d", [MISSING if (v := number(x)) is None else v for x in column])
@@ -113,8 +125,8 @@ def step_rows(parsed: ParsedLines, known: Collection[str], seen: set[str] | None
                 continue  # no number yet: no column yet
             values = values[first:]
         columns[name] = (first, values)
-    steps = map(itemgetter("step"), steps_recs) if cols is None else cols.values("step")
-    return Rows(array("q", offsets), array("q", steps), flags, columns)
+    steps = list(map(itemgetter("step"), steps_recs)) if cols is None else cols.values("step")
+    return Rows(_packed("q", offsets), _packed("q", steps), flags, columns)
 
 
 def series_from_columns(steps: Sequence[int], offsets: Sequence[int], flags: bytes,
