@@ -169,8 +169,8 @@ class BatchAlarmRule(AlarmRule):
                 or not all(map(lt, steps, islice(steps, 1, None))):
             self._one_by_one(records, 0, len(records), out)
             return out
-        losses, odd_losses = _column(columns.values("loss"))
-        norms, odd_norms = _column(columns.values("grad_norm"))
+        losses, odd_losses = _column(columns.values("loss"), columns.types("loss"))
+        norms, odd_norms = _column(columns.values("grad_norm"), columns.types("grad_norm"))
         scales = columns.values("loss_scale")
         cols = (losses, norms, None if scales.count(None) == len(scales) else scales)
         odd = {*odd_losses, *odd_norms, *_flag_without_norm(records, norms)}
@@ -304,15 +304,14 @@ _Columns = tuple[list[Any], list[Any], Optional[list[Any]]]
 _Present = tuple[Optional[list[int]], list[float]]
 
 
-def _column(values: list[Any]) -> tuple[list[Any], list[int]]:
-    """A field's values (``values``: ``None`` where absent, not changed here; integers as floats, as
-    the rule takes them), and the positions of values that are neither absent nor a finite number
-    (bools, text, NaN, inf, integers too big for a float): those records go through
-    ``AlarmRule.update``."""
+def _column(values: list[Any], types: set[type]) -> tuple[list[Any], list[int]]:
+    """A field's values (``values``: ``None`` where absent, not changed here; ``types``: theirs;
+    integers as floats, as the rule takes them), and the positions of values that are neither
+    absent nor a finite number (bools, text, NaN, inf, integers too big for a float): those records
+    go through ``AlarmRule.update``."""
     absent = values.count(None)
     if absent == len(values):
         return values, []
-    types = set(map(type, values))
     if types == _FLOAT:  # the common column: C calls only
         if math.isfinite(sum(values)):
             return values, []
