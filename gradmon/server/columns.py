@@ -113,8 +113,10 @@ def step_rows(parsed: ParsedLines, known: Collection[str], seen: set[str] | None
         if name in _SKIP:
             continue
         raw = list(map(dict.get, steps_recs, repeat(name))) if cols is None else cols.values(name)
-        if name not in known and raw.count(None) == len(raw):
-            continue  # not in this batch (or no value at all)
+        if name not in known:
+            types = set(map(type, raw)) if cols is None else cols.types(name)
+            if types.isdisjoint(FAST_TYPES):
+                continue  # no number in this batch (absent, flags, text): no column yet
         values = _floats(raw, cols is not None and cols.fast(name))
         first = 0
         if name not in known:
