@@ -171,8 +171,8 @@ class BatchAlarmRule(AlarmRule):
             return out
         losses, odd_losses = _column(columns.values("loss"), columns.types("loss"))
         norms, odd_norms = _column(columns.values("grad_norm"), columns.types("grad_norm"))
-        scales = columns.values("loss_scale")
-        cols = (losses, norms, None if scales.count(None) == len(scales) else scales)
+        scales = columns.values("loss_scale") if "loss_scale" in columns.keys() else None
+        cols = (losses, norms, None if scales is None or scales.count(None) == len(scales) else scales)
         odd = {*odd_losses, *odd_norms, *_flag_without_norm(records, norms)}
         lo = 0
         for i in [*sorted(odd), len(records)]:

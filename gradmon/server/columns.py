@@ -109,9 +109,10 @@ def step_rows(parsed: ParsedLines, known: Collection[str], seen: set[str] | None
         names = dict.fromkeys(chain.from_iterable(steps_recs))
         if seen is not None:
             seen.update(names)
+    present = cols.keys() if cols is not None else None
     for name in names:
-        if name in _SKIP:
-            continue
+        if name in _SKIP or (present is not None and name not in present and name not in known):
+            continue  # (a key seen before, in no record of this batch, with no column: none now)
         raw = list(map(dict.get, steps_recs, repeat(name))) if cols is None else cols.values(name)
         if name not in known:
             types = set(map(type, raw)) if cols is None else cols.types(name)
