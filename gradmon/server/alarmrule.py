@@ -171,7 +171,7 @@ class BatchAlarmRule(AlarmRule):
             return out
         losses, odd_losses = _column(columns.values("loss"), columns.types("loss"))
         norms, odd_norms = _column(columns.values("grad_norm"), columns.types("grad_norm"))
-        scales = columns.values("loss_scale") if "loss_scale" in columns.keys() else None
+        scales = columns.values("loss_scale") if "loss_scale" in columns.key_set() else None
         cols = (losses, norms, None if scales is None or scales.count(None) == len(scales) else scales)
         odd = {*odd_losses, *odd_norms, *_flag_without_norm(records, norms)}
         lo = 0

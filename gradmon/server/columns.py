@@ -102,14 +102,14 @@ def step_rows(parsed: ParsedLines, known: Collection[str], seen: set[str] | None
             rec = recs[i]
             flags[r] = sum(1 << b for b, (flag, _k) in enumerate(MARK_FLAGS) if rec.get(flag) is True)
     columns: dict[str, tuple[int, array]] = {}
-    if seen is not None and (seen.issuperset(cols.keys()) if cols is not None
+    if seen is not None and (seen.issuperset(cols.key_set()) if cols is not None
                              else all(map(seen.issuperset, steps_recs))):
         names: Iterable[str] = [*known, *(seen.difference(known).difference(_SKIP))]
     else:
         names = dict.fromkeys(chain.from_iterable(steps_recs))
         if seen is not None:
             seen.update(names)
-    present = cols.keys() if cols is not None else None
+    present = cols.key_set() if cols is not None else None
     for name in names:
         if name in _SKIP or (present is not None and name not in present and name not in known):
             continue  # (a key seen before, in no record of this batch, with no column: none now)

@@ -60,7 +60,7 @@ class KeyColumns:
         self._types: dict[str, set[type]] = {}
         self._keys: set[str] | None = None
 
-    def keys(self) -> set[str]:
+    def key_set(self) -> set[str]:
         """Every key of the records (a set nobody may change)."""
         if self._keys is None:
             self._keys = set().union(*self.records)
@@ -307,6 +307,6 @@ def _all_valid(columns: KeyColumns) -> bool:
     recs = columns.records
     if not recs:
         return True
-    keys = columns.keys()
+    keys = columns.key_set()
     return all(columns.types(key) <= ok  # (no Python loop per record)
                for key, ok in _TYPE_OK.items() if key in keys or key == "step")

@@ -98,7 +98,7 @@ class StepSeries:
         ordered = steps[0] == lo and steps[-1] == hi and all(map(le, steps, islice(steps, 1, None)))
         self.min_step = lo if self.min_step is None else min(self.min_step, lo)
         self.max_step = hi if self.max_step is None else max(self.max_step, hi)
-        if not self._known.issuperset(columns.keys()):  # (= every record's keys are known)
+        if not self._known.issuperset(columns.key_set()):  # (= every record's keys are known)
             for rec in recs:
                 if not self._known.issuperset(rec):
                     self._discover(rec)
