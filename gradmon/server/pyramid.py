@@ -185,14 +185,10 @@ class Level:
         self._hi.append(int(s.hi))
         self._n.append(s.n)
         self._offset.append(s.offset)
+        append = array.append
         for name, cols in self.fields.items():
             f = s.fields.get(name)
-            if f is None:
-                for c in cols:
-                    c.append(0)
-            else:
-                for c, v in zip(cols, f):
-                    c.append(v)
+            any(map(append, cols, repeat(0) if f is None else f))  # (each value into its column, in C)
         self.size += 1
 
     def get(self, i: int) -> Summary:
