@@ -14,6 +14,7 @@ normalized record (bare token, no ``type``) is re-encoded instead. Pure: no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -31,6 +32,9 @@ __all__ = ["KeyColumns", "ParsedLines", "parse_lines"]
 # path (``decode_record`` reads it, and the record is re-encoded); no control characters in
 # strings, so a value can never run past its line's end.
 _SCAN = STRICT_DECODER.scan_once
+# ``b"true" in blob`` by the regex engine: ~1.5x faster on a batch of lines (whose common letters
+# slow the substring search down).
+_has_true = re.compile(rb"true").search
 
 try:  # optional: a faster C JSON parser (see benchmarks/README.md)
     from orjson import loads as _orjson_loads
@@ -120,12 +124,13 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
         decoded, typeless = _candidates_stdlib(lines, blob)
     # Lines that may hold the strings "NaN"/"Infinity"/"-Infinity" (an escape can spell them too)
     # go to decode_record, which turns them into floats.
-    if b'NaN"' in blob or b'Infinity"' in blob or b"\\" in blob:
+    # (a rare byte first: one memchr rules out the common batch before a substring search, ~25 us each)
+    if (b"N" in blob and b'NaN"' in blob) or (b"I" in blob and b'Infinity"' in blob) or b"\\" in blob:
         for i, (_end, line) in enumerate(lines):
             if decoded[i] is not None and (b'NaN"' in line or b'Infinity"' in line or b"\\" in line):  # type: ignore[operator]
                 decoded[i] = None
     flagged = {i for i, (_e, ln) in enumerate(lines) if ln is not None and b"true" in ln} \
-        if b"true" in blob else set()
+        if _has_true(blob) else set()
     slow = [i for i, r in enumerate(decoded) if r is None] if decoded.count(None) else []
     fast = KeyColumns([r for r in decoded if r is not None] if slow else decoded)
     if _all_valid(fast):
