@@ -6,7 +6,6 @@ outlier range, drag-box zoom, the compact tooltip, dark mode and a 390 px wide l
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -236,35 +235,23 @@ def test_opening_asks_for_the_list_and_each_shown_history_once(logdir: Path, pag
     assert page.errors == []
 
 
-def test_the_rehearsal_chart_is_drawn_while_the_histories_come_and_leaves_nothing(logdir: Path,
-                                                                                   page: Page) -> None:
-    # lib/rehearsal.js: while the first history answers are on their way (held back here), the page
-    # draws a made-up chart off screen, then removes it; the real charts are drawn as before.
+
+def test_an_axis_whose_type_changes_keeps_the_theme_colours(logdir: Path, page: Page) -> None:
+    # ECharts drops an axis's options when its type changes (value to log): the page gives the
+    # theme's axis styles with every draw, so a log axis is not drawn in ECharts' default colours.
     three_runs(logdir)
-
-    def held(route: object) -> None:
-        time.sleep(0.3)
-        route.continue_()  # type: ignore[attr-defined]
-
-    page.page.route("**/history*", held)
     with start_server(logdir, "127.0.0.1", port=0) as server:
-        page.page.goto(server.url)
+        page.page.goto(server.url + "?log=grad_norm")
         page.ready(3)
-        drawn = page.eval("window.gradmon.rehearsal()")
-        assert drawn and drawn["series"] == 6, drawn  # curve, non-finite, clipped, spike, skip, rollback
-        assert page.eval("document.querySelectorAll('.rehearsal').length") == 0
-        assert page.eval("document.querySelectorAll('.chart-card').length") == \
-            page.eval("document.querySelectorAll('#charts .chart-card').length")
-        assert "rehearsal" not in page.eval("window.gradmon.runs()")
-        assert page.eval("window.gradmon.drawnRuns('loss')") == 3
-        # An axis whose type changes keeps the theme's colours (ECharts drops a changed axis's options).
         css = page.eval("""(() => { const s = getComputedStyle(document.documentElement);
             return [s.getPropertyValue('--muted').trim(), s.getPropertyValue('--grid').trim()] })()""")
+        axis = """((id) => { const y = window.gradmon.board.panels.get(id).chart.getOption().yAxis[0];
+            return [y.type, y.axisLabel.color, y.splitLine.lineStyle.color] })"""
+        assert page.eval(axis + "('grad_norm')") == ["log", *css]  # log at its first draw
         page.page.locator(".chart-card[data-panel='loss'] select.yscale").select_option("log")
         page.settled()
-        y = page.eval("""(() => {
-            const y = window.gradmon.board.panels.get('loss').chart.getOption().yAxis[0];
-            return [y.type, y.axisLabel.color, y.splitLine.lineStyle.color] })()""")
-        assert y == ["log", *css]
-    page.page.unroute("**/history*")
+        assert page.eval(axis + "('loss')") == ["log", *css]  # and after a change
+        page.page.locator(".chart-card[data-panel='loss'] select.yscale").select_option("linear")
+        page.settled()
+        assert page.eval(axis + "('loss')") == ["value", *css]
     assert page.errors == []

@@ -18,8 +18,6 @@
       selected: () => state.selected.slice(),
       select: (name, on) => ctx.selectRun(name, on !== false),
       loaded: () => ctx.loadedRuns(),
-      /** What the rehearsal chart drew as the page opened ({series, ms}; null: none was). */
-      rehearsal: () => (ctx.rehearsal ? ctx.rehearsal() : null),
       layers(name) {
         const r = run(name);
         return r && r.layers ? { step: r.layers.step, rows: L.layerRows(r.layers, 0) } : null;

@@ -48,7 +48,6 @@
   let opened = false; // every run shown at opening has its history (or the hold ran out)
   let scrolledToExpanded = !initial.expanded; // only a view opened from a URL scrolls to its expanded chart
   let listed = false; // the server's run list has arrived (or failed)
-  let rehearsal = null; // what the rehearsal chart drew ({series, ms}); null: not drawn
 
   function colorOf(name) {
     if (!state.colors.has(name)) state.colors.set(name, PALETTE[nextColor++ % PALETTE.length]);
@@ -387,12 +386,6 @@
       $("#empty").textContent = "Offline: no server. Drop a metrics.jsonl here, or choose one with “Open file…”.";
       return;
     }
-    // While the first history answers are on their way, the main thread is idle: draw the
-    // rehearsal chart then (lib/rehearsal.js), so the first real charts find their code compiled.
-    // Not when a shown run is loaded already (its draw would wait for the rehearsal instead).
-    setTimeout(() => {
-      if (!loadedRuns().length && board.renderCount === 0) rehearsal = A.rehearseChart(board);
-    }, 0);
     await feed.start();
   }
 
@@ -405,7 +398,6 @@
     exporter: () => exporter,
     entries,
     loadedRuns,
-    rehearsal: () => rehearsal,
     selectRun,
     replayText,
   });
