@@ -120,6 +120,7 @@
         const info = state.runsInfo.get(n);
         if (!state.selected.includes(n) && !(info && info.offline)) feed.unfollow(n);
       }
+      feed.selectionChanged();
     }
     if (table) table.render();
     changed();
@@ -319,8 +320,10 @@
     });
   }
 
+  /** Points per history request: what the charts draw for the runs shown (lib/opening.js). */
   function historyPoints() {
-    return L.historyPoints(board ? board.chartWidth() : 600, pointsParam);
+    const shown = state.selected.filter((n) => state.runsInfo.has(n)).length;
+    return L.historyPoints(board ? board.chartWidth() : 600, pointsParam, shown);
   }
 
   async function start() {
