@@ -19,11 +19,13 @@ __all__ = [
     "HISTORY_BASE_FIELDS",
     "HISTORY_COUNTER_NAMES",
     "INT_FIELDS",
+    "LOSS_SPIKE_REASON",
     "MARK_FLAGS",
     "NOT_SERIES",
     "NUMBER_FIELDS",
     "OVERFLOW_REASON",
     "SCHEMA_VERSION",
+    "SPIKE_REASON_FIELD",
     "TEXT_KEYS",
 ]
 
@@ -33,7 +35,7 @@ SCHEMA_VERSION = 1
 TEXT_KEYS = frozenset({
     "type", "kind", "message", "name", "run_id", "host", "status", "mode", "device", "spike_mode", "unit",
     "parallel_mode", "norm_strategy", "initial_step_from", "steps_per_epoch_unknown", "reason", "skip_reason",
-    "field", "source",
+    "spike_reason", "field", "source",
 })
 
 # Known fields and the JSON types they must have when present (bool is not a number here).
@@ -45,6 +47,10 @@ FLAG_FIELDS = ("clipped", "spike", "skipped", "nonfinite")
 
 # Step flags that put a mark on the charts, with the mark's kind.
 MARK_FLAGS = (("spike", "spike"), ("skipped", "skip"), ("nonfinite", "nonfinite"))
+
+# A spike step's `spike_reason` when the detector's loss test tripped it (absent: the norm tests alone).
+SPIKE_REASON_FIELD = "spike_reason"
+LOSS_SPIKE_REASON = "loss"
 
 # The `skip_reason` of a loss-scale overflow step: its non-finite gradient norm is expected, so the
 # step is a `skip` mark, and only a non-finite `loss` on it is a `nonfinite` mark.
