@@ -4,15 +4,16 @@
 selects, an arange...), which a sub-millisecond step feels. ``cells/csrc/spike_detector.cc`` computes
 the same update (EMA z-score, Welford warm-up, the early median/MAD rule, scale and floor, ring write,
 the loss test over its ring of recent losses) in one ``ops.Custom(func_type="aot")`` launch, in
-float32 and in the op path's order of operations; only ``exp`` differs: libm's ``expf`` there, a polynomial approximation in MindSpore's CPU kernel
-(relative error up to ~2e-5), so early clip targets and the run's scale may differ in the last
-digits. It is compiled at first use (:mod:`gradmon.cells.fused_build`) and self-tested against
-:mod:`gradmon.cells.zclip_reference` through ctypes before MindSpore ever loads it.
+float32 and in the op path's order of operations; only ``exp`` differs: libm's ``expf`` there, a
+polynomial approximation in MindSpore's CPU kernel (relative error up to ~2e-5), so early clip targets
+and the run's scale may differ in the last digits. It is compiled at first use
+(:mod:`gradmon.cells.fused_build`) and self-tested against :mod:`gradmon.cells.zclip_reference`
+through ctypes before MindSpore ever loads it.
 
 - :class:`SpikeDetector` ``(config)``: a Cell, ``detector(norm, finite, state, loss)`` ->
   ``(zscore, spike, target, new_state, loss_spike)``, exactly :func:`zclip_update`'s contract. It
-  runs the kernel where :func:`detector_kernel_available` is True, else :func:`zclip_update` (non-CPU targets, no
-  compiler, the switches below). Build it outside the graph (a cell's ``__init__``); it works in a
+  runs the kernel where :func:`detector_kernel_available` is True, else :func:`zclip_update` (non-CPU
+  targets, no compiler, the switches below). Build it outside the graph (a cell's ``__init__``); it works in a
   ``Cell.construct`` in GRAPH and PYNATIVE mode and inside ``@ms.jit`` functions.
 - :class:`FusedSpikeUpdate`: the primitive, ``op(norm, finite, loss, state, params)`` with
   ``params = kernel_params(config)``. Building it raises :class:`DetectorKernelUnavailableError`

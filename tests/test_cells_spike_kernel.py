@@ -1,9 +1,9 @@
 """The fused spike-detector kernel (``cells/csrc/spike_detector.cc`` through
 ``gradmon.cells.spike_kernel``) against the numpy reference and against the stock-op update it replaces
 (series with non-finite steps, the ring's wrap-around, the warm-up's hand-over, the floor, loss-only
-spikes and the loss test's floor; with and without the early rule), in GRAPH and PYNATIVE, inside ``@ms.jit`` and in a real ``MonitoredTrainStep``;
-plus its constants, its errors and the fallbacks. (The hypothesis tests of ``test_cells_zclip.py``
-run both implementations too.)"""
+spikes and the loss test's floor; with and without the early rule), in GRAPH and PYNATIVE, inside
+``@ms.jit`` and in a real ``MonitoredTrainStep``; plus its constants, its errors and the fallbacks. (The
+hypothesis tests of ``test_cells_zclip.py`` run both implementations too.)"""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
-from gradmon.cells import MonitoredTrainStep, SpikeConfig
+from gradmon.cells import MonitoredTrainStep, MonitoredTrainStepWithLossScale, SpikeConfig
 from gradmon.cells import spike_kernel as K
 from gradmon.cells.fused_build import call_aot
 from gradmon.cells.spike import initial_state
@@ -25,6 +25,7 @@ from gradmon.cells.zclip_reference import zclip_run
 from mindspore import Parameter, Tensor, nn, ops
 
 from examples.models import MLP, with_loss
+from gradmon.monitor.records import events_for_step, history_rows_to_steps
 from tests import parity_util
 
 # Only a missing compiler skips: a kernel that does not build or fails its self-test fails here.
@@ -128,7 +129,7 @@ def test_kernel_matches_the_reference(name):
     loss_step = LOSS_SPIKE_STEP[name]
     assert np.flatnonzero(loss_spike).tolist() == [loss_step]  # "floor"'s steps 15 and 35 are spared
     assert target[loss_step] <= norms[loss_step]  # clipped to the norm's running level, never up
-    assert ref_state.loss_count == len([v for v, n in zip(losses, norms) if np.isfinite(v) and np.isfinite(n)])
+    assert ref_state.loss_count == sum(bool(np.isfinite(v) and np.isfinite(n)) for v, n in zip(losses, norms))
     np.testing.assert_allclose(zscore, [s.zscore for s in ref], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(target, [s.target for s in ref], rtol=1e-4, atol=1e-9)
     assert int(DetectorStep(config, fused=True).state.asnumpy()[0]) == 0
@@ -157,7 +158,8 @@ def test_kernel_matches_the_op_path(mode, name):
     assert np.flatnonzero(got[3]).tolist() == [LOSS_SPIKE_STEP[name]]
     first_early = {"zclip": len(norms), "early": 6, "floor": 6}[name]
     exact = first_early if mode == "PYNATIVE" else min(first_early, config.warmup + 1)
-    for a, b, atol in zip(got[:3], want[:3], (1e-4, 0, 1e-12)):  # a z-score near 0 is a difference of near equals
+    # (a z-score near 0 is a difference of near equals)
+    for a, b, atol in zip(got[:3], want[:3], (1e-4, 0, 1e-12)):
         np.testing.assert_array_equal(a[:exact], b[:exact])  # bit for bit
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=atol)
     state, stock_state = fused.state.asnumpy(), stock.state.asnumpy()
@@ -240,6 +242,80 @@ def test_step_history_with_kernel_and_fallback(mode, spike_mode, monkeypatch):
     finite = np.isfinite(a.rows) & np.isfinite(b.rows)
     np.testing.assert_array_equal(finite, np.isfinite(a.rows))
     np.testing.assert_allclose(a.rows[finite], b.rows[finite], rtol=1e-4, atol=1e-7)
+
+
+class Regressor(nn.Cell):
+    """16 -> 16 -> 4 with an L1 loss: the loss's gradient is the sign of the error, so a batch with
+    corrupted targets has an ordinary gradient norm and a huge loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.SequentialCell(nn.Dense(16, 16), nn.ReLU(), nn.Dense(16, 4))
+        self.loss = nn.L1Loss()
+
+    def construct(self, x, y):
+        return self.loss(self.body(x), y)
+
+
+CORRUPT_STEP = 40
+
+
+def _regression_batch(i: int, true_w: np.ndarray) -> tuple[Tensor, Tensor]:
+    rng = np.random.default_rng(1000 + i)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    y = x @ true_w
+    if i + 1 == CORRUPT_STEP:  # a corrupted shard: targets off by +-1000
+        y = y + 1000.0 * rng.choice([-1.0, 1.0], y.shape)
+    return Tensor(x), Tensor(y.astype(np.float32))
+
+
+@pytest.mark.parametrize(("mode", "kind"), [("GRAPH", "plain"), ("PYNATIVE", "plain"),
+                                            ("GRAPH", "loss_scale"), ("PYNATIVE", "accumulate")],
+                         indirect=["mode"])
+def test_a_huge_loss_with_an_ordinary_norm_is_skipped(mode, kind):
+    """A real step cell, spike_mode="skip", the defaults otherwise: the corrupted batch at step 40
+    moves the loss ~1000x and the norm barely (the norm tests do not flag it); the loss test does, the
+    step is skipped (weights unchanged), no other step is flagged, and the ring's spike column says
+    the loss tripped it (2), which the monitor's decoding turns into ``spike_reason: "loss"``. Under
+    loss scaling the detector sees the unscaled loss; under accumulation the micro-batches' mean."""
+    ms.set_seed(0)
+    net = Regressor()
+    opt = nn.Adam(net.trainable_params(), 1e-2)
+    if kind == "loss_scale":
+        step = MonitoredTrainStepWithLossScale(net, opt, Tensor(np.float32(1024.0)), spike_mode="skip")
+    else:
+        step = MonitoredTrainStep(net, opt, spike_mode="skip",
+                                  grad_accum_steps=2 if kind == "accumulate" else 1)
+    true_w = np.random.default_rng(7).standard_normal((16, 4)).astype(np.float32)
+    micro = 2 if kind == "accumulate" else 1
+    before = None
+    for i in range(CORRUPT_STEP + 8):
+        if i + 1 == CORRUPT_STEP:
+            before = [p.asnumpy().copy() for p in net.trainable_params()]
+        for m in range(micro):  # under accumulation the corrupted batch is the step's 2nd micro-batch
+            step(*_regression_batch(i if m == micro - 1 else 500 + i, true_w))
+        if i + 1 == CORRUPT_STEP:
+            after = [p.asnumpy() for p in net.trainable_params()]
+            assert all(np.array_equal(a, b) for a, b in zip(before, after))  # skipped: bit-identical
+    snap = step.gradmon_read_history()
+    spike = snap.column("spike")
+    assert np.flatnonzero(spike).tolist() == [CORRUPT_STEP - 1]
+    assert spike[CORRUPT_STEP - 1] == 2.0 and snap.column("skipped")[CORRUPT_STEP - 1] == 1.0
+    assert snap.counters["spikes"] == 1 and snap.counters["skipped"] == 1
+    losses, norms = snap.column("loss"), snap.column("grad_norm")
+    recent = slice(CORRUPT_STEP - 17, CORRUPT_STEP - 1)
+    assert losses[CORRUPT_STEP - 1] > 150 * np.median(losses[recent])
+    assert norms[CORRUPT_STEP - 1] < 4 * np.median(norms[recent])  # under the early rule's least ratio
+    # the detector's loss ring holds the losses the history shows (unscaled; the micro-batches' mean)
+    ring = step.spike_state.asnumpy()[-16:]
+    np.testing.assert_array_equal(np.sort(ring), np.sort(losses[-16:].astype(np.float32)))
+    steps, _ = history_rows_to_steps(snap.fields, snap.rows, snap.total_steps, current_step=snap.total_steps,
+                                     after_step=0)
+    record = {"step": CORRUPT_STEP, **steps[CORRUPT_STEP - 1][1]}
+    assert record["spike"] is True and record["spike_reason"] == "loss"
+    assert not any("spike_reason" in fields for n, fields in steps if n != CORRUPT_STEP)
+    event = next(e for e in events_for_step(record, ts=0.0) if e["kind"] == "spike")
+    assert event["spike_reason"] == "loss" and event["message"].startswith("loss spike")
 
 
 @pytest.mark.parametrize("switch", ["GRADMON_FUSED_NORM", "GRADMON_FUSED_DETECTOR"])

@@ -261,9 +261,9 @@ loss_values = st.one_of(
 
 
 @settings(max_examples=25, deadline=None)
-@given(steps=st.lists(st.tuples(early_norms, loss_values), min_size=1, max_size=16), warmup=st.integers(2, 12),
-       window=st.sampled_from([1, 3, 16]), min_history=st.integers(1, 4), ratio=st.sampled_from([2.0, 150.0]),
-       floor=st.sampled_from([0.0, 0.01, 0.5]))
+@given(steps=st.lists(st.tuples(early_norms, loss_values), min_size=1, max_size=16),
+       warmup=st.integers(2, 12), window=st.sampled_from([1, 3, 16]), min_history=st.integers(1, 4),
+       ratio=st.sampled_from([2.0, 150.0]), floor=st.sampled_from([0.0, 0.01, 0.5]))
 def test_device_loss_test_matches_reference_and_kernel_equals_op_path(steps, warmup, window, min_history,
                                                                       ratio, floor):
     """The loss test: the op path and the kernel give the same bits (flags, targets, the whole state;
@@ -281,8 +281,9 @@ def test_device_loss_test_matches_reference_and_kernel_equals_op_path(steps, war
     for a, b in zip(ops_state[3:], ker_state[3:]):
         np.testing.assert_array_equal(a, b)
     assert ops_state[:3] == ker_state[:3]
-    ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=config.alpha, z_threshold=config.z_threshold,
-                                     early=NO_EARLY_RULE, losses=losses, loss_rule=config.reference_loss_rule())
+    ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=config.alpha,
+                                     z_threshold=config.z_threshold, early=NO_EARLY_RULE, losses=losses,
+                                     loss_rule=config.reference_loss_rule())
     assert [s.loss_spike for s in ref_steps] == [d[3] for d in ker_steps]
     assert all(s.spike >= s.loss_spike for s in ref_steps)
     count, scale, ring = ker_state[5][0], ker_state[5][1], ker_state[5][2:]
