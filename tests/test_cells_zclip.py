@@ -260,7 +260,7 @@ loss_values = st.one_of(
 )
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(steps=st.lists(st.tuples(early_norms, loss_values), min_size=1, max_size=16),
        warmup=st.integers(2, 12), window=st.sampled_from([1, 3, 16]), min_history=st.integers(1, 4),
        ratio=st.sampled_from([2.0, 150.0]), floor=st.sampled_from([0.0, 0.01, 0.5]))
