@@ -188,6 +188,12 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
                                          requires_grad=False)
             # The update: one fused CPU kernel where it is available, else zclip_update's stock ops.
             self.spike_detector = SpikeDetector(spike)
+        # Under data parallel the loss test judges the ranks' mean loss (one scalar all-reduce), so
+        # every rank takes the same decision, as it does on the all-reduced norm.
+        self.spike_loss_reduce = self.spike_loss_code and self.reducer_flag
+        if self.spike_loss_reduce:
+            self.loss_all_reduce = ops.AllReduce()
+            self._inv_degree = Tensor(1.0 / self.degree, ms.float32)
         if layer_stats:
             self.layer_sq = Parameter(Tensor(np.zeros(len(self.weight_names), np.float32)),
                                       name="gradmon_layer_sq", requires_grad=False)
@@ -359,10 +365,14 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
     def _spike_status(self, norm, finite, loss):
         """``(zscore, spike, target, loss_spike)`` of the detector, its state advanced (off:
         ``(0, False, norm, False)``). ``loss`` is the step's loss as the cell returns it: unscaled
-        (the loss scale only seeds the backward pass), the micro-batches' mean under accumulation."""
+        (the loss scale only seeds the backward pass), the micro-batches' mean under accumulation; under
+        data parallel the detector gets the ranks' mean of it."""
         if self.spike_on:
+            loss32 = _as_scalar_f32(loss)
+            if self.spike_loss_reduce:
+                loss32 = self.loss_all_reduce(loss32.reshape((1,))).reshape(()) * self._inv_degree
             zscore, spike, target, state, loss_spike = self.spike_detector(norm, finite, self.spike_state,
-                                                                           _as_scalar_f32(loss))
+                                                                           loss32)
             ops.assign(self.spike_state, state)
             return zscore, spike, target, loss_spike
         return self._zero, self._false, norm, self._false
