@@ -10,11 +10,22 @@ full-range histories and ``fetches`` 1 % zooms (random windows of ``steps / 100`
 for both trees), 2000 points each: p50 and p99; the server's and its history worker's RSS; the
 sidecar's size. Starts alternate between the trees round by round (the machine is shared: quote
 medians). ``python -m benchmarks.bigruns --steps 2000000 --prev /tmp/prev``.
+
+``--log-dir DIR`` serves an existing log (``DIR/r<steps>/metrics.jsonl``, e.g. a hard-linked copy
+with its sidecar) instead of generating one; ``--other TREE`` (with ``--other-log-dir``, its own
+copy: each tree writes its own sidecar) serves a second tree warm, alternating with this one
+start by start, and ``--warm-only`` leaves out the cold starts: two trees' warm restarts and
+queries compared on one big index that is built once. ``--gzip`` asks for compressed answers, as
+the page does. Each tree's modules are compiled once into ``OUT/pycache`` and every start uses
+them, as an installed package's (``--no-bytecode``: each start compiles them, ~0.1 s, where the
+environment sets ``PYTHONDONTWRITEBYTECODE`` as this one does). Times are to the answer's last
+byte, its JSON decoded by the client after (a 10M run's full range: ~7 ms).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import random
@@ -22,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,10 +60,28 @@ def _du(path: str) -> int:
     return total
 
 
+def _bytecode_env(pycache: str | None) -> dict[str, str]:
+    """The environment of a tree's processes: with ``pycache``, compiled modules are kept there
+    (``PYTHONPYCACHEPREFIX``) and used, as an installed package's are, even where the environment
+    says not to write them (``PYTHONDONTWRITEBYTECODE``: every start would compile the server's
+    modules, ~0.1 s of a restart)."""
+    env = dict(os.environ)
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = pycache
+    return env
+
+
+def compile_tree(tree: str, pycache: str) -> None:
+    """Compile a tree's ``gradmon`` package into ``pycache`` (as ``pip install`` does at install)."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(tree, "gradmon")],
+                   env=_bytecode_env(pycache), check=True, stdout=subprocess.DEVNULL, timeout=300)
+
+
 @contextlib.contextmanager
-def _server(tree: str, logdir: str, out_log: str) -> Iterator[dict[str, Any]]:
+def _server(tree: str, logdir: str, out_log: str, pycache: str | None = None) -> Iterator[dict[str, Any]]:
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": tree}
+    env = {**_bytecode_env(pycache), "PYTHONPATH": tree}
     with open(out_log, "ab") as f:
         proc = subprocess.Popen([sys.executable, "-m", "gradmon", "serve", logdir, "--host", "127.0.0.1",
                                  "--port", str(port)], cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT)
@@ -61,15 +91,31 @@ def _server(tree: str, logdir: str, out_log: str) -> Iterator[dict[str, Any]]:
         stop_process(proc, 30)
 
 
-def _get_json(url: str, timeout: float = 120.0) -> Any:
-    status, body = http_get(url, timeout)
+def _fetch(url: str, timeout: float = 120.0, gzip_ok: bool = False) -> tuple[Any, float]:
+    """The decoded JSON answer to a GET and the seconds to its last byte (decoding not counted)."""
+    t0 = time.perf_counter()
+    if gzip_ok:
+        req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, body = resp.status, resp.read()
+        took = time.perf_counter() - t0
+        if resp.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+    else:
+        status, body = http_get(url, timeout)
+        took = time.perf_counter() - t0
     if status != 200:
         raise RuntimeError(f"{url} answered {status}: {body[:200]!r}")
-    return json.loads(body)
+    return json.loads(body), took
+
+
+def _get_json(url: str, timeout: float = 120.0) -> Any:
+    return _fetch(url, timeout)[0]
 
 
 def one_start(tree: str, logdir: str, name: str, steps: int, windows: list[int], fetches: int,
-              cold: bool, out_dir: str, timeout: float = 900.0) -> dict[str, Any]:
+              cold: bool, out_dir: str, timeout: float = 900.0, gzip_ok: bool = False,
+              pycache: str | None = None) -> dict[str, Any]:
     """One server start of ``tree`` on the log (see the module docstring)."""
     log_path = os.path.join(logdir, name, "metrics.jsonl")
     side = os.path.join(logdir, name, ".metrics.jsonl.gmidx")
@@ -77,7 +123,7 @@ def one_start(tree: str, logdir: str, name: str, steps: int, windows: list[int],
         shutil.rmtree(side, ignore_errors=True)
     out: dict[str, Any] = {"tree": tree, "cold": cold}
     t0 = time.perf_counter()
-    with _server(tree, logdir, os.path.join(out_dir, "bigruns-server.log")) as srv:
+    with _server(tree, logdir, os.path.join(out_dir, "bigruns-server.log"), pycache) as srv:
         deadline = time.monotonic() + timeout
         while True:
             if srv["proc"].poll() is not None:
@@ -89,23 +135,19 @@ def one_start(tree: str, logdir: str, name: str, steps: int, windows: list[int],
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError("not indexed in time")
-            time.sleep(0.02)
+            time.sleep(0.005)  # (a warm restart takes ~0.1-0.3 s: poll finely)
         out["index_s"] = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        doc = _get_json(f"{srv['url']}/api/runs/{name}/history?points=2000")
-        out["first_answer_ms"] = (time.perf_counter() - t1) * 1e3
-        out["to_first_full_answer_s"] = time.perf_counter() - t0
+        doc, took = _fetch(f"{srv['url']}/api/runs/{name}/history?points=2000", gzip_ok=gzip_ok)
+        out["first_answer_ms"] = took * 1e3
+        out["to_first_full_answer_s"] = out["index_s"] + took
         out["cursor_is_the_file"] = doc["cursor"]["offset"] == os.path.getsize(log_path)
         full, zoom = [], []
         for k in range(fetches):
-            t1 = time.perf_counter()
-            _get_json(f"{srv['url']}/api/runs/{name}/history?points=2000")
-            full.append(time.perf_counter() - t1)
+            full.append(_fetch(f"{srv['url']}/api/runs/{name}/history?points=2000", gzip_ok=gzip_ok)[1])
             a = windows[k % len(windows)]
-            t1 = time.perf_counter()
-            z = _get_json(f"{srv['url']}/api/runs/{name}/history?points=2000&start={a}"
-                          f"&end={a + steps // 100 - 1}")
-            zoom.append(time.perf_counter() - t1)
+            z, took = _fetch(f"{srv['url']}/api/runs/{name}/history?points=2000&start={a}"
+                             f"&end={a + steps // 100 - 1}", gzip_ok=gzip_ok)
+            zoom.append(took)
         out["zoom_points"] = len(z["series"].get("loss", {}).get("step", []))
         out["zoom_exact"] = z.get("exact")
         for key, ts in (("full", full), ("zoom", zoom)):
@@ -117,24 +159,43 @@ def one_start(tree: str, logdir: str, name: str, steps: int, windows: list[int],
 
 
 def run(steps: int, prev: str | None, rounds: int, fetches: int, out_dir: str, log: Any = print,
-        seed: int = 0) -> dict[str, Any]:
-    """``rounds`` rounds of: previous tree (cold), this tree cold, this tree warm."""
+        seed: int = 0, log_dir: str | None = None, other: str | None = None, other_log_dir: str | None = None,
+        warm_only: bool = False, gzip_ok: bool = False, bytecode: bool = True) -> dict[str, Any]:
+    """``rounds`` rounds of: previous tree (cold), [the other tree, warm,] this tree cold, this tree warm
+    (``warm_only``: the warm starts alone). ``bytecode``: each tree's modules compiled once first
+    and used by every start (see :func:`_bytecode_env`)."""
     name = f"r{steps}"
-    logdir = os.path.join(out_dir, "bigruns26", name)
+    logdir = log_dir or os.path.join(out_dir, "bigruns26", name)
     path = os.path.join(logdir, name, "metrics.jsonl")
-    gen = ensure_run_log(path, steps)
+    if log_dir is None:
+        gen = ensure_run_log(path, steps)
+    elif not os.path.isfile(path):
+        raise FileNotFoundError(f"--log-dir: no {path}")
+    else:
+        gen = {"reused": True}
     rng = random.Random(seed)
     windows = [rng.randrange(1, steps - steps // 100) for _ in range(fetches)]
     out: dict[str, Any] = {"steps": steps, "file_mb": os.path.getsize(path) / 1e6,
-                           "generated": not gen["reused"], "rounds": rounds, "fetches": fetches, "starts": []}
-    plan = [(prev, True)] if prev else []
-    plan += [(HERE, True), (HERE, False)]
+                           "generated": not gen["reused"], "rounds": rounds, "fetches": fetches,
+                           "bytecode": bytecode,
+                           "gzip": gzip_ok, "starts": []}
+    plan = [("prev", prev, True, logdir)] if prev and not warm_only else []
+    if other:
+        plan.append(("other", other, False, other_log_dir or logdir))
+    plan += [("this", HERE, False, logdir)] if warm_only else [("this", HERE, True, logdir),
+                                                                ("this", HERE, False, logdir)]
+    pycache = os.path.join(out_dir, "pycache") if bytecode else None
+    if pycache is not None:
+        for tree in {tree for _label, tree, _cold, _where in plan}:
+            compile_tree(tree, pycache)
     for r in range(rounds):
-        for tree, cold in plan:
-            res = one_start(tree, logdir, name, steps, windows, fetches, cold, out_dir)
+        for label, tree, cold, where in plan:
+            res = one_start(tree, where, name, steps, windows, fetches, cold, out_dir, gzip_ok=gzip_ok,
+                            pycache=pycache)
             res["round"] = r
+            res["label"] = label
             out["starts"].append(res)
-            log(f"  {'prev' if tree == prev else 'this'} {'cold' if cold else 'warm'}: "
+            log(f"  {label} {'cold' if cold else 'warm'}: "
                 f"indexed {res['index_s']:.2f} s, "
                 f"first answer {res['first_answer_ms']:.0f} ms, full p50/p99 {res['full_p50_ms']:.0f}/"
                 f"{res['full_p99_ms']:.0f} ms, 1% zoom {res['zoom_p50_ms']:.0f}/{res['zoom_p99_ms']:.0f} ms, "
@@ -151,8 +212,17 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--fetches", type=int, default=20)
     p.add_argument("--out-dir", default=os.path.join(HERE, "benchmarks", "out"))
+    p.add_argument("--log-dir", help="an existing log: DIR/r<steps>/metrics.jsonl (not generated)")
+    p.add_argument("--other", help="a second tree (e.g. main's checkout), served warm beside this one")
+    p.add_argument("--other-log-dir", help="the second tree's copy of the log (default: --log-dir)")
+    p.add_argument("--warm-only", action="store_true", help="no cold starts (the sidecars exist)")
+    p.add_argument("--gzip", action="store_true", help="ask for gzip-compressed answers, as the page does")
+    p.add_argument("--no-bytecode", action="store_true",
+                   help="let each start compile the modules (the environment may forbid writing .pyc files)")
     a = p.parse_args()
     os.makedirs(a.out_dir, exist_ok=True)
     result = run(a.steps, a.prev, a.rounds, a.fetches, a.out_dir,
-                 lambda m: print(m, file=sys.stderr, flush=True))
+                 lambda m: print(m, file=sys.stderr, flush=True), log_dir=a.log_dir, other=a.other,
+                 other_log_dir=a.other_log_dir, warm_only=a.warm_only, gzip_ok=a.gzip,
+                 bytecode=not a.no_bytecode)
     print(json.dumps(result, indent=1))

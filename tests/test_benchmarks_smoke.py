@@ -275,6 +275,13 @@ def test_bigruns_smoke_measures_a_cold_and_a_warm_start(tmp_path):
     for s in (cold, warm):
         assert s["cursor_is_the_file"] and s["zoom_points"] == 50 and s["zoom_exact"] is True
         assert math.isfinite(s["zoom_p99_ms"]) and s["rss_mb"] > 0 and s["sidecar_mb"] > 0
+    # an existing log (not generated again), a second tree beside this one, warm starts only
+    from benchmarks.bigruns import HERE
+
+    again = run(5_000, None, rounds=1, fetches=1, out_dir=str(tmp_path), log=lambda m: None,
+                log_dir=str(tmp_path / "bigruns26" / "r5000"), other=HERE, warm_only=True)
+    assert [(s["label"], s["cold"]) for s in again["starts"]] == [("other", False), ("this", False)]
+    assert not again["generated"] and all(s["cursor_is_the_file"] for s in again["starts"])
 
 
 def test_tensorboard_beside_the_page_is_skipped_saying_why(tmp_path):

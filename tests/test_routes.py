@@ -27,7 +27,7 @@ class InlineWorkers:
     def __init__(self) -> None:
         self.calls = 0
 
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def call(self, fn: Callable[..., Any], *args: Any, early: bool = False) -> Any:
         self.calls += 1
         return fn(*args)
 

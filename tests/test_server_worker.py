@@ -93,3 +93,15 @@ def test_warm_never_raises(pool, monkeypatch, caplog):
     monkeypatch.setattr(worker, "_Child", refuse)
     pool.warm()  # no child: calls will run in the caller, as for any call
     assert pool.in_process and _child_pids(pool) == []
+
+
+def test_early_calls_run_here_until_a_worker_is_up_then_in_it(pool):
+    """A restarted server's first history answers do not wait for the worker's start: an early
+    call runs in the calling thread (and starts a worker after it); once one has answered, early
+    calls go to it; other calls always do."""
+    assert pool.call(worker.process_id, None, early=True) == os.getpid()
+    pool.warm()  # (waits for the worker the early call started in the background)
+    (pid,) = _child_pids(pool)
+    assert pid != os.getpid()
+    assert pool.call(worker.process_id, None, early=True) == pid
+    assert pool.call(worker.process_id, None) == pid

@@ -17,7 +17,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import chain, islice, repeat
+from itertools import chain, compress, islice, repeat
 from operator import itemgetter, le
 
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES
@@ -139,7 +139,10 @@ def series_from_columns(steps: Sequence[int], offsets: Sequence[int], flags: byt
             sel_steps = [sel_steps[k] for k in order]
         contiguous = sel[-1] - sel[0] + 1 == len(sel) and all(map(le, sel, sel[1:]))
         marked = any(flags)
-    flagged = {k for k, i in enumerate(sel) if flags[i]} if marked else set()
+    flagged: set[int] = set()
+    if marked:  # (C builtins: a 20,000-row zoom's loop here was ~1.7 ms)
+        picked = flags[sel.start:sel.stop] if isinstance(sel, range) else map(flags.__getitem__, sel)
+        flagged = set(compress(range(len(sel)), picked))
     series: dict[str, tuple[list[int], list[float]]] = {}
     for name, (first, values) in columns.items():
         bits = array("Q", values.tobytes())

@@ -19,6 +19,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from gradmon.logformat.jsonl import to_jsonable
 from gradmon.server.columns import MISSING, series_from_columns
 from gradmon.server.index import IndexSnapshot
 from gradmon.server.query import HistoryPlan
@@ -148,6 +149,27 @@ def _concat(parts: list[tuple[array, array, bytes, dict[str, tuple[int, array]]]
     return steps, offsets, bytes(flags), cols
 
 
+def _plain_values(marks: list[dict]) -> list[dict]:
+    """The marks with a non-finite ``value`` as its name, as the encoder would write it (so that
+    the list is encoded in one call: a long run has hundreds of NaN and overflow marks)."""
+    for m in marks:
+        v = m["value"]
+        if isinstance(v, float) and not math.isfinite(v):
+            m["value"] = to_jsonable(v)
+    return marks
+
+
+def _plain_numbers(values: list[float]) -> list:
+    """``values`` with each non-finite one as its name, as the encoder would write it (so that the
+    body is encoded in one call; a series holds a NaN where a mark's point was added, or the log's)."""
+    try:
+        if math.isfinite(sum(values)):  # (one C pass: no NaN or infinity among them)
+            return values
+    except (OverflowError, TypeError):
+        return values  # (the encoder's general path decides)
+    return [x if x - x == 0 else to_jsonable(x) for x in values]
+
+
 def answer(job: HistoryJob) -> tuple[bytes, bool]:
     """The encoded response body of a history request, and whether it is gzip-compressed."""
     series, exact = answer_series(job)
@@ -163,13 +185,13 @@ def answer(job: HistoryJob) -> tuple[bytes, bool]:
         "eval": idx.eval_in(lo, hi),
         "system": idx.system_in(lo, hi, opts.points),
         "layers": idx.layers,
-        "marks": idx.marks_in(lo, hi),
-        "events": idx.events_in(lo, hi),
+        "marks": _plain_values(idx.marks_in(lo, hi)),
+        "events": None,  # encoded already: json_body places them
         "headers": idx.headers,
         "latest_segment": idx.latest_segment(),
         "malformed": idx.malformed,
         "marks_dropped": idx.marks_dropped,
         "events_dropped": idx.events_dropped,
-        "series": {n: {"step": s, "value": v} for n, (s, v) in series.items()},
+        "series": {n: {"step": s, "value": _plain_numbers(v)} for n, (s, v) in series.items()},
     }
-    return json_body(body, job.gzip_ok)
+    return json_body(body, job.gzip_ok, {"events": idx.encoded_events_in(lo, hi)})

@@ -20,6 +20,8 @@ Queries are not answered here: :meth:`RunIndex.plan_history` passes the pyramid 
 
 from __future__ import annotations
 
+import json
+import math
 from array import array
 from collections import deque
 from collections.abc import Sequence
@@ -29,6 +31,7 @@ from typing import Any
 
 from gradmon.logformat.schema import NOT_SERIES
 from gradmon.server.derived import DerivedAlarms
+from gradmon.server.hub import dumps
 from gradmon.server.parse import ParsedLines, parse_lines
 from gradmon.server.query import HistoryPlan, plan_history
 from gradmon.server.sampled import SampledSeries
@@ -60,6 +63,10 @@ class RunIndex:
         self.segments = Segments()
         self.events: deque[dict] = deque(maxlen=MAX_EVENTS)
         self.event_segments: deque[int] = deque(maxlen=MAX_EVENTS)  # segment of each event
+        # Each event as the history sends it (strict JSON, encoded once: a full-range answer of a
+        # long run carries thousands of them) and its step (``None``: it has none).
+        self.event_json: deque[bytes] = deque(maxlen=MAX_EVENTS)
+        self.event_steps: deque[int | None] = deque(maxlen=MAX_EVENTS)
         self.events_dropped = 0
         self.headers: list[dict] = []
         self.eval: dict[str, tuple[list[int], list[float]]] = {}
@@ -69,6 +76,12 @@ class RunIndex:
         self.system = SampledSeries(MAX_SYSTEM_POINTS, MAX_SYSTEM_FIELDS)
         self.layers: dict | None = None  # the latest `layers` record
         self.derived = DerivedAlarms()  # the alarm rule of segments whose writer does not run it
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if "event_json" not in state:  # a checkpoint written before events were kept encoded
+            self.event_json = deque(map(_encoded, self.events), maxlen=MAX_EVENTS)
+            self.event_steps = deque(map(_event_step, self.events), maxlen=MAX_EVENTS)
 
     # ---- building -------------------------------------------------------------------------
 
@@ -138,6 +151,8 @@ class RunIndex:
                 self.events_dropped += 1
             self.events.append(ev)
             self.event_segments.append(self.segments.current)
+            self.event_json.append(_encoded(ev))
+            self.event_steps.append(_event_step(ev))
 
     def _add_eval(self, rec: dict) -> None:
         step = rec.get("step")
@@ -186,7 +201,8 @@ class RunIndex:
             mark_segments=array("I", self.steps.mark_segments),
             eval={n: (list(s), list(v)) for n, (s, v) in self.eval.items()},
             eval_segments={n: array("I", a) for n, a in self.eval_segments.items()},
-            system=self.system.copy(), events=list(self.events), event_segments=list(self.event_segments),
+            system=self.system.copy(), events=list(self.event_json), event_steps=list(self.event_steps),
+            event_segments=list(self.event_segments),
             headers=list(self.headers),
             layers=self.layers, malformed=self.malformed, marks_dropped=self.steps.marks_dropped,
             events_dropped=self.events_dropped, min_step=self.steps.min_step, max_step=self.steps.max_step,
@@ -227,7 +243,8 @@ class IndexSnapshot:
     eval: dict[str, tuple[list[int], list[float]]]
     eval_segments: dict[str, array]
     system: SampledSeries
-    events: list[dict]
+    events: list[bytes]  # each event encoded (RunIndex.event_json)
+    event_steps: list[int | None]
     event_segments: list[int]
     headers: list[dict]
     layers: dict | None
@@ -240,6 +257,8 @@ class IndexSnapshot:
     def visible_marks(self, start: float, end: float) -> list[Mark]:
         """The marks with steps in ``[start, end]`` that no later segment replaced."""
         rep = self.replaced
+        if not rep.any:  # (one segment, or none replaced anything: the common run)
+            return [m for m in self.marks if start <= m[0] <= end]
         return [m for m, k in zip(self.marks, self.mark_segments)
                 if start <= m[0] <= end and not rep.hides(k, m[0])]
 
@@ -271,16 +290,29 @@ class IndexSnapshot:
     def events_in(self, start: float, end: float) -> list[dict]:
         """The events with steps in ``[start, end]`` (and those without a step), less those of a
         segment at a step a later segment replaced: they go with their steps."""
-        out = []
+        return [json.loads(ev) for ev in self.encoded_events_in(start, end)]
+
+    def encoded_events_in(self, start: float, end: float) -> list[bytes]:
+        """:meth:`events_in`, each event as the strict JSON the history sends."""
         rep = self.replaced
-        for ev, k in zip(self.events, self.event_segments):
-            s = ev.get("step")
-            if not isinstance(s, int) or (start <= s <= end and not rep.hides(k, s)):
-                out.append(ev)
-        return out
+        if not rep.any:  # (one segment, or none replaced anything: the common run)
+            if start == -math.inf and end == math.inf:
+                return list(self.events)
+            return [ev for ev, s in zip(self.events, self.event_steps) if s is None or start <= s <= end]
+        return [ev for ev, s, k in zip(self.events, self.event_steps, self.event_segments)
+                if s is None or (start <= s <= end and not rep.hides(k, s))]
 
     def latest_segment(self) -> dict[str, int | None]:
         """The latest segment's first and last step (``None`` before its first step)."""
         first, last = self.latest_span if self.latest_span is not None else (None, None)
         return {"first_step": first, "last_step": last}
 
+
+
+def _encoded(event: dict) -> bytes:
+    return dumps(event).encode("utf-8")
+
+
+def _event_step(event: dict) -> int | None:
+    s = event.get("step")
+    return s if isinstance(s, int) else None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import sys
 from array import array
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +35,7 @@ BASE = struct.Struct("<qqqq")  # lo, hi, n, offset
 FIELD = struct.Struct("<qqdqdqdqd")  # as pyramid.Summary.fields holds it
 _SPAN = struct.Struct("<qq")
 _Q = struct.Struct("<q")
+_LITTLE = sys.byteorder == "little"
 
 
 def _map(path: str, length: int) -> mmap.mmap:
@@ -148,3 +150,30 @@ class LevelFile:
                 if f[0]:
                     out[name] = f
         return out
+
+    def field_columns(self, name: str, i0: int, i1: int) -> tuple[int, list[list]] | None:
+        """Buckets ``[i0, i1)`` of field ``name`` as nine columns (the ``FIELD`` record's members),
+        from its first bucket there on: ``(that bucket, columns)``; ``None`` when it has none. One
+        read of the records (``pread``: no map to set up and tear down, ~0.1 ms a query for ten
+        fields' files) and a few C calls per column, not one per bucket."""
+        got = self.fields.get(name)
+        if got is None:
+            return None
+        num, first = got
+        j0, j1 = max(i0, first) - first, min(i1, self.size) - first
+        if j1 <= j0:
+            return None
+        fd = os.open(self._path(f"f{num}"), os.O_RDONLY)
+        try:
+            raw = os.pread(fd, (j1 - j0) * FIELD.size, j0 * FIELD.size)
+        finally:
+            os.close(fd)
+        if len(raw) != (j1 - j0) * FIELD.size:
+            raise OSError(f"{self._path(f'f{num}')} is shorter than its {self.size} buckets")
+        ints, floats = array("q"), array("d")
+        ints.frombytes(raw)
+        floats.frombytes(raw)
+        if not _LITTLE:  # (the records are little-endian)
+            ints.byteswap()
+            floats.byteswap()
+        return j0 + first, [(floats if k in (2, 4, 6, 8) else ints)[k::9] for k in range(9)]

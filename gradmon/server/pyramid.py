@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 from gradmon.server.values import FAST_TYPES, number
@@ -208,6 +210,22 @@ class Level:
                 s.fields[name] = [c[i] for c in cols]
         return s
 
+    def extend_points(self, name: str, nodes: Sequence[int], out: list[tuple[int, float]]) -> None:
+        """Append to ``out`` the points of field ``name`` that summaries ``nodes`` (increasing
+        indices) keep, summary by summary, each as :meth:`Summary.points` gives them, without
+        building the summaries: each of the field's nine columns is read once over the nodes' span
+        and the nodes' values picked from it (one C call per column)."""
+        k = self.stored
+        stored = nodes[: bisect_left(nodes, k)] if nodes and nodes[0] < k else ()
+        if stored:
+            got = self.store.field_columns(name, stored[0], stored[-1] + 1)
+            if got is not None:
+                _extend_points(out, _pick(got[1], got[0], stored))
+        if len(stored) < len(nodes):
+            cols = self.fields.get(name)
+            if cols is not None:
+                _extend_points(out, _pick(cols, k, nodes[len(stored):]))
+
     def span(self, i: int) -> tuple[int, int]:
         """Summary ``i``'s smallest and largest step."""
         k = self.stored
@@ -256,6 +274,28 @@ class Level:
         self.fields = {name: [a + b for a, b in zip(fields[name], t)] for name, t in self.fields.items()}
         store.release()
         self.store = None
+
+
+def _pick(cols: Sequence[Sequence[Any]], first: int, nodes: Sequence[int]) -> Sequence[Sequence[Any]]:
+    """The values of summaries ``nodes`` (from ``first`` on) in columns that start at summary ``first``."""
+    at = [i - first for i in nodes if i >= first]
+    if not at:
+        return [()] * len(cols)
+    if len(at) == 1:
+        return [(c[at[0]],) for c in cols]
+    if at[-1] - at[0] + 1 == len(at):  # consecutive
+        return [c[at[0]: at[-1] + 1] for c in cols]
+    get = itemgetter(*at)
+    return [get(c) for c in cols]
+
+
+def _extend_points(out: list[tuple[int, float]], cols: Sequence[Sequence[Any]]) -> None:
+    """Each summary's points (``Summary.points``) of one field given as its nine columns, in order."""
+    n, fs, fv, ls, lv, ns, nv, xs, xv = cols
+    ext = out.extend
+    for c, first, low, high, last in zip(n, zip(fs, fv), zip(ns, nv), zip(xs, xv), zip(ls, lv)):
+        if c:
+            ext(sorted({first, low, high, last}))
 
 
 class _Joined(Sequence):

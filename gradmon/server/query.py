@@ -9,9 +9,11 @@ carries a plan out. Pure: no I/O, no state kept between calls.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import islice
+from operator import itemgetter, lt
 
 from gradmon.server.pyramid import BUCKET, FANOUT, Pyramid, Summary
 from gradmon.server.segments import BucketCover, Intervals, Replaced, Segments
@@ -73,17 +75,33 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
         if plan is not None:
             return plan
     series: dict[str, tuple[list[int], list[float]]] = {}
-    inner = [nd for nd in nodes if not view.partial(nd, start, end)]
+    partial = [view.partial(nd, start, end) for nd in nodes]
+    inner = [nd for nd, p in zip(nodes, partial) if not p]
     edges = [(view.offset(nd), view.node_end(nd, cursor), start, end,
               view.buckets.partial.get(nd[1], ()) if nd[0] == 0 else ())
-             for nd in nodes if view.partial(nd, start, end)]  # base buckets only, after refine_edges
-    summaries = [view.node(nd) for nd in inner]
+             for nd, p in zip(nodes, partial) if p]  # base buckets only, after refine_edges
+    by_level: dict[int, list[int]] = {}
+    for lv, i in inner:
+        by_level.setdefault(lv, []).append(i)  # (in increasing order within a level)
+    levels = pyramid.levels
     for name in names:
         pts: list[tuple[int, float]] = []
-        for s in summaries:
-            pts.extend(s.points(name))
-        pts.sort(key=itemgetter(0))  # nodes of a later segment come after the older ones it left standing
-        series[name] = ([p[0] for p in pts], [p[1] for p in pts])
+        for lv, idx in by_level.items():
+            if lv < 0:
+                pts.extend(view.node((lv, 0)).points(name))
+            else:
+                levels[lv].extend_points(name, idx, pts)
+        pts.sort(key=itemgetter(0))
+        steps = list(map(itemgetter(0), pts))
+        if not all(map(lt, steps, islice(steps, 1, None))):
+            # A step twice (a segment that went back, or a log repeating steps): the nodes' order
+            # decides among the points of one step (a later segment's after the older ones it left standing).
+            pts = []
+            for nd in inner:
+                pts.extend(view.node(nd).points(name))
+            pts.sort(key=itemgetter(0))
+            steps = list(map(itemgetter(0), pts))
+        series[name] = (steps, list(map(itemgetter(1), pts)))
     # Even base buckets give too few points (up to 4 each, fewer where first/last/min/max coincide):
     # read the range back instead, when it is short enough. The edge buckets are not counted: what
     # they give is only known once read (a range that covers one step of a bucket gives one point).
@@ -137,6 +155,8 @@ class _View:
         width = FANOUT**level
         if self.buckets.gone_starts and self.buckets.all_gone(i * width, (i + 1) * width):
             return False  # every record under this node was replaced
+        if start == -math.inf and end == math.inf:
+            return True  # (the whole run: no span to read)
         lo, hi = self.pyramid.levels[level].span(i)
         return lo <= end and hi >= start
 
@@ -210,6 +230,8 @@ class _View:
         return self.pyramid.levels[level].offset_at(i)
 
     def partial(self, node: tuple[int, int], start: float, end: float) -> bool:
+        if start == -math.inf and end == math.inf:
+            return self.must_split(node)  # (the whole run: no span to read)
         lo, hi = self.span(node)  # (not self.node(): a Summary with every field is 10x the cost)
         return lo < start or hi > end or self.must_split(node)
 

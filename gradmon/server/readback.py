@@ -7,9 +7,10 @@ Decoded a chunk at a time, keeping only columns: a 100k-line read never holds 10
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from itertools import chain, islice, repeat
-from operator import itemgetter, le
+from operator import itemgetter, le, lt
 from typing import Any
 
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES
@@ -27,14 +28,52 @@ Series = dict[str, tuple[list[int], list[float]]]  # name -> (steps, values), in
 
 
 def merge_series(into: Series, extra: Series) -> None:
-    """Add ``extra``'s points to ``into`` (in place), keeping each series in step order."""
+    """Add ``extra``'s points to ``into`` (in place), keeping each series in step order (a point
+    equal to one there already is not added again)."""
     for name, (steps, values) in extra.items():
         if not steps:
             continue
         old_s, old_v = into.get(name, ([], []))
-        pts = sorted(set(zip(old_s, _values_key(old_v))) | set(zip(steps, _values_key(values))),
-                     key=lambda p: p[0])
-        into[name] = ([p[0] for p in pts], [_unkey(p[1]) for p in pts])
+        merged = _insert_points(old_s, old_v, steps, values)
+        if merged is None:
+            pts = sorted(set(zip(old_s, _values_key(old_v))) | set(zip(steps, _values_key(values))),
+                         key=lambda p: p[0])
+            merged = ([p[0] for p in pts], [_unkey(p[1]) for p in pts])
+        into[name] = merged
+
+
+_FEW = 64  # new points inserted one by one (a bisection and a list insert each); more: one sort
+
+
+def _insert_points(old_s: list[int], old_v: list[float], steps: Sequence[int], values: Sequence[float],
+                   ) -> tuple[list[int], list[float]] | None:
+    """``old`` with the points of ``steps``/``values`` it lacks added at their steps (the common
+    merge: a series of ~2000 points and a few edge or mark points), or ``None`` where the sort
+    in :func:`merge_series` must decide: two different values at one step (that sort orders them
+    as its set iterates; here every step is unique, so the orders agree)."""
+    if not all(map(lt, old_s, islice(old_s, 1, None))):
+        return None  # (old_s strictly increasing: no step twice, so no duplicate to drop either)
+    new: dict[int, float] = {}
+    n = len(old_s)
+    for s, v in zip(steps, values):
+        i = bisect_left(old_s, s)
+        have = old_v[i] if i < n and old_s[i] == s else new.get(s, _NONE)
+        if have is _NONE:
+            new[s] = v
+        elif not (have == v or (have != have and v != v)):  # (NaN: the same point too)
+            return None
+    if len(new) > _FEW:
+        pts = sorted(chain(zip(old_s, old_v), new.items()), key=itemgetter(0))
+        return [p[0] for p in pts], [p[1] for p in pts]
+    out_s, out_v = list(old_s), list(old_v)
+    for s, v in new.items():
+        i = bisect_left(out_s, s)
+        out_s.insert(i, s)
+        out_v.insert(i, v)
+    return out_s, out_v
+
+
+_NONE: Any = object()
 
 
 def _values_key(values: Iterable[float]) -> list[Any]:

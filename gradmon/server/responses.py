@@ -5,25 +5,29 @@ from __future__ import annotations
 import email.utils
 import gzip
 import http
+import json
 import mimetypes
 import re
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
+from gradmon.logformat.jsonl import to_jsonable
 from gradmon.server.hub import dumps
 
 __all__ = [
     "MAX_QUERY_FIELDS", "MAX_TARGET", "PAGE_CSP", "HttpError", "accepts_gzip", "compress", "content_type",
     "encoded_json_response", "int_param", "json_body", "json_response", "response", "safe_relpath",
-    "split_target",
+    "split_target", "strict_json",
 ]
 
 MAX_TARGET = 8192  # bytes of a request target (path and query)
 MAX_QUERY_FIELDS = 50
 _INTEGER = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: int() would take "1_000" and "٣"
+_PLAIN_NUMBERS = frozenset({int, float})
 _GZIP_MIN = 32 << 10  # compress JSON bodies above this size when the client accepts gzip
 
 # The page loads only its own assets; ECharts sets inline styles, hence 'unsafe-inline' for styles.
@@ -53,9 +57,35 @@ def compress(body: bytes, gzip_ok: bool) -> tuple[bytes, bool]:
     return body, False
 
 
-def json_body(obj: Any, gzip_ok: bool) -> tuple[bytes, bool]:
-    """Strict JSON bytes of ``obj`` (non-finite numbers as strings), compressed as :func:`compress`."""
-    return compress(dumps(obj).encode("utf-8"), gzip_ok)
+def strict_json(obj: Any) -> str:
+    """``hub.dumps(obj)`` (strict JSON, non-finite numbers as strings; keys must be strings), each
+    part in one C call where it is plain JSON data already (finite numbers), which is what
+    ``to_jsonable`` would leave unchanged: only the parts holding something else (a series with a
+    NaN mark's point) go through it. A 10M-step run's full-range answer took ~50 ms in
+    ``to_jsonable`` for ~10 ms of encoding."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError):  # NaN or infinity, or a value JSON has no type for: split
+        pass
+    if isinstance(obj, Mapping):
+        return "{" + ",".join(f"{strict_json(str(k))}:{strict_json(v)}" for k, v in obj.items()) + "}"
+    if isinstance(obj, (list, tuple)):
+        if set(map(type, obj)) <= _PLAIN_NUMBERS:  # (x - x is 0 unless x is NaN or infinite)
+            return strict_json([x if x - x == 0 else to_jsonable(x) for x in obj])
+        return "[" + ",".join(map(strict_json, obj)) + "]"
+    return dumps(obj)
+
+
+def json_body(obj: Any, gzip_ok: bool, encoded: dict[str, list[bytes]] | None = None) -> tuple[bytes, bool]:
+    """Strict JSON bytes of ``obj`` (non-finite numbers as strings), compressed as :func:`compress`.
+    ``encoded``: keys of the dict ``obj`` whose value is a list of items encoded already (strict
+    JSON each) given here (``obj`` holds a placeholder there, for the keys' order)."""
+    if not encoded:
+        return compress(strict_json(obj).encode("utf-8"), gzip_ok)
+    items = [strict_json(key).encode("utf-8") + b":" +
+             (b"[" + b",".join(encoded[key]) + b"]" if key in encoded else strict_json(value).encode("utf-8"))
+             for key, value in obj.items()]
+    return compress(b"{" + b",".join(items) + b"}", gzip_ok)
 
 
 def response(status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None,

@@ -180,7 +180,8 @@ class HttpRoutes:
             idx = run.index
             job = build_job(run, options, gzip_ok)
             # Reading, decoding and encoding run in a worker process: live pushes do not wait.
-            body, gzipped = await asyncio.to_thread(self.server.workers.call, answer, job)
+            # (In this process while the worker is still starting: a restarted server's first answer.)
+            body, gzipped = await asyncio.to_thread(self.server.workers.call, answer, job, early=True)
             if run.gen == job.cursor["gen"] and run.index is idx:
                 return encoded_json_response(200, body, gzipped)
         raise HttpError(409, "the run's file keeps being replaced; retry")

@@ -1,0 +1,168 @@
+"""The history answer's fast paths give what the general code gives: strict JSON in one C call
+(``responses.strict_json``, events spliced in encoded), merging a few points into a series by
+insertion (``readback.merge_series``), and a pyramid plan's points read per level from the
+stored columns (``Level.extend_points``) rather than summary by summary."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import random
+from operator import itemgetter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from server_helpers import index_of
+
+from gradmon.server import query
+from gradmon.server.hub import dumps
+from gradmon.server.index import RunIndex
+from gradmon.server.pyramid import FANOUT, Pyramid, Summary
+from gradmon.server.readback import _unkey, _values_key, merge_series
+from gradmon.server.responses import json_body, strict_json
+
+_numbers = st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True))
+_json = st.recursive(
+    st.one_of(st.none(), st.booleans(), _numbers, st.text(max_size=5)),
+    lambda inner: st.one_of(st.lists(inner, max_size=6), st.tuples(inner, inner),
+                            st.dictionaries(st.text(max_size=4), inner, max_size=5)),
+    max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json)
+def test_strict_json_is_hub_dumps(value):
+    assert strict_json(value) == dumps(value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.text(max_size=4), _json, min_size=1, max_size=5), st.lists(_json, max_size=5),
+       st.integers(0, 5))
+def test_encoded_items_spliced_in_give_the_whole_encoding(body, items, at):
+    keys = list(body)
+    key = keys[at % len(keys)]
+    whole = dict(body, **{key: items})
+    spliced = dict(body, **{key: None})
+    encoded = [dumps(x).encode() for x in items]
+    assert json_body(spliced, False, {key: encoded}) == json_body(whole, False)
+    assert json_body(whole, False) == (dumps(whole).encode(), False)
+
+
+def _merge_by_sorting(into, extra):  # merge_series as it was: one sort of the union, always
+    for name, (steps, values) in extra.items():
+        if not steps:
+            continue
+        old_s, old_v = into.get(name, ([], []))
+        pts = sorted(set(zip(old_s, _values_key(old_v))) | set(zip(steps, _values_key(values))),
+                     key=lambda p: p[0])
+        into[name] = ([p[0] for p in pts], [_unkey(p[1]) for p in pts])
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(
+        a[n][0] == b[n][0] and [repr(v) for v in a[n][1]] == [repr(v) for v in b[n][1]] for n in a)
+
+
+def test_merging_a_few_or_many_points_gives_what_sorting_the_union_gives():
+    rng = random.Random(5)
+    vals = [0.0, -0.0, 1, 1.0, 2.5, math.nan, math.inf]
+    for case in range(400):
+        n = rng.choice([0, 3, 50, 300])
+        old_steps = sorted(rng.sample(range(1000), n))
+        if case % 5 == 0 and n > 2:
+            old_steps[1] = old_steps[0]  # a step twice: the sort decides
+        old = {"a": (old_steps, [rng.choice(vals) for _ in old_steps])}
+        k = rng.choice([1, 4, 70, 200])
+        steps = [rng.randrange(1000) for _ in range(k)] + rng.sample(old_steps, min(3, n))
+        values = [rng.choice(vals) for _ in steps]
+        if case % 3 == 0:  # equal to the points there already
+            values[-min(3, n):] = [old["a"][1][old_steps.index(s)] for s in steps[-min(3, n):]] if n else []
+        extra = {"a": (steps, values), "b": ([5, 5, 7], [1.0, 1.0, math.nan])}
+        fast, slow = {k: (list(s), list(v)) for k, (s, v) in old.items()}, dict(old)
+        merge_series(fast, extra)
+        _merge_by_sorting(slow, extra)
+        assert _same(fast, slow), case
+
+
+def _summary(rng, step, offset, names):
+    s = Summary(offset)
+    for k in range(rng.randrange(1, 6)):
+        s.add(step + k, [(n, rng.choice([1.0, 2.0, rng.random()])) for n in names if rng.random() < 0.8])
+    return s
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from([1, 3, 256]))
+def test_level_points_read_as_columns_are_each_summary_s_points(tmp_path_factory, seed, flush_every):
+    """Stored (a sidecar's level files) or in memory, and across the stored part's end."""
+    rng = random.Random(seed)
+    directory = str(tmp_path_factory.mktemp("lvl"))
+    pyr = Pyramid()
+    pyr.attach(directory)
+    names = ["loss", "lr", "late"]
+    for b in range(rng.randrange(1, 200)):
+        pyr.push(_summary(rng, b * 10, b * 100, names if b > 20 else names[:2]))
+        if b % flush_every == 0:
+            pyr.flush()
+    for level in pyr.levels:
+        nodes = sorted(rng.sample(range(level.size), rng.randrange(0, level.size + 1)))
+        for name in [*names, "absent"]:
+            got: list = []
+            level.extend_points(name, nodes, got)
+            assert got == [p for i in nodes for p in level.get(i).points(name)], (name, nodes)
+    pyr.release()
+    assert FANOUT == 4
+
+
+def test_an_index_checkpointed_before_events_were_kept_encoded_encodes_them_on_load():
+    idx = RunIndex()
+    idx._add_events([{"type": "event", "kind": "alarm", "step": 3, "value": math.nan},
+                     {"type": "event", "kind": "note"}])
+    state = dict(vars(idx))
+    del state["event_json"], state["event_steps"]
+    old = RunIndex.__new__(RunIndex)
+    old.__setstate__(state)
+    assert list(old.event_json) == list(idx.event_json) == [
+        dumps(e).encode() for e in idx.events]
+    assert list(old.event_steps) == [3, None]
+    again = pickle.loads(pickle.dumps(idx))
+    assert again.snapshot().events_in(0, 10) == idx.snapshot().events_in(0, 10) == [
+        {"type": "event", "kind": "alarm", "step": 3, "value": "NaN"}, {"type": "event", "kind": "note"}]
+
+
+def _series_node_by_node(idx, start, end, points):
+    """A pyramid plan's series as plan_history made them before: each inner node's points in the
+    nodes' order, then one stable sort by step."""
+    steps, segs = idx.steps, idx.segments
+    base = steps.pyramid.base
+    view = query._View(steps.pyramid, steps.open_summary(),
+                       segs.bucket_cover(segs.replaced(), base.lo, base.hi, base.size))
+    nodes = view.cover(start, end, max(1, points // 4))
+    inner = [nd for nd in nodes if not view.partial(nd, start, end)]
+    out = {}
+    for name in steps.series_names():
+        pts = sorted((p for nd in inner for p in view.node(nd).points(name)), key=itemgetter(0))
+        out[name] = ([p[0] for p in pts], [p[1] for p in pts])
+    return out
+
+
+def test_a_pyramid_plan_s_series_are_those_node_by_node_with_segments_and_repeated_steps():
+    rng = random.Random(3)
+    for case in range(4):
+        recs, step = [], 1
+        for _seg in range(rng.randrange(1, 4)):
+            recs.append({"type": "header", "run_id": "r"})
+            step = max(1, step - rng.randrange(0, 6000))  # a resume from an older checkpoint
+            for _ in range(rng.randrange(2000, 6000)):
+                recs.append({"type": "step", "step": step, "loss": rng.choice([1.0, 2.0, rng.random()]),
+                             "lr": 0.1})
+                step += 0 if (case % 2 and rng.random() < 0.01) else 1  # (odd cases: a step logged twice)
+        if case == 0:  # each base bucket's first record at its predecessor's last step: a tie per node
+            recs = [{"type": "header", "run_id": "r"}] + [
+                {"type": "step", "step": b * 127 + j, "loss": rng.random()}
+                for b in range(200) for j in range(128)]
+        idx = index_of(recs)
+        for start, end, points in ((-math.inf, math.inf, 200), (2000, 7000, 120), (-math.inf, 5000, 60)):
+            plan = idx.plan_history(start, end, points, 1 << 40)
+            if plan.kind == "pyramid":
+                assert plan.series == _series_node_by_node(idx, start, end, points), (case, start, end)
