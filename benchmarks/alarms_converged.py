@@ -41,8 +41,10 @@ def easy_data(n: int = 2048, dim: int = 64, classes: int = 10, seed: int = 0
     return x.astype(np.float32), y
 
 
-def train(log_file: Path, steps: int, mode: str = "GRAPH", batch_size: int = 32, seed: int = 0) -> float:
-    """Train ``steps`` steps with ``LiveMonitor`` logging to ``log_file``; returns the seconds taken."""
+def train(log_file: Path, steps: int, mode: str = "GRAPH", batch_size: int = 32, seed: int = 0,
+          **spike_options: Any) -> float:
+    """Train ``steps`` steps with ``LiveMonitor`` logging to ``log_file``; returns the seconds taken.
+    ``spike_options``: the step cell's other ``spike_*`` options (default: the defaults)."""
     import mindspore as ms
     import mindspore.dataset as ds
     from mindspore import nn
@@ -60,7 +62,8 @@ def train(log_file: Path, steps: int, mode: str = "GRAPH", batch_size: int = 32,
     net = MLP(in_dim=64, hidden=128, classes=10)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     opt = nn.Adam(net.trainable_params(), learning_rate=1e-3)
-    cell = MonitoredTrainStep(nn.WithLossCell(net, loss_fn), opt, max_norm=1.0, spike_mode="clip")
+    cell = MonitoredTrainStep(nn.WithLossCell(net, loss_fn), opt, max_norm=1.0, spike_mode="clip",
+                              **spike_options)
     model = Model(cell)
     monitor = LiveMonitor(str(log_file))
     stop = stop_at(steps)
@@ -124,12 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="data, weights and shuffling (the report's run: 0)")
     p.add_argument("--out-dir", default=str(HERE / "out"))
     p.add_argument("--keep-records", action="store_true", help="keep the step records in the JSON file")
+    p.add_argument("--loss-window", type=int, default=None,
+                   help="the cell's spike_loss_window (0: no loss test; default: the default)")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gradmon-converged-") as tmp:
         log_file = Path(tmp) / "metrics.jsonl"
-        seconds = train(log_file, a.steps, a.mode, seed=a.seed)
+        extra = {} if a.loss_window is None else {"spike_loss_window": a.loss_window}
+        seconds = train(log_file, a.steps, a.mode, seed=a.seed, **extra)
         doc = score(log_file)
-    doc.update(seconds=seconds, mode=a.mode, requested_steps=a.steps, seed=a.seed)
+    doc.update(seconds=seconds, mode=a.mode, requested_steps=a.steps, seed=a.seed, loss_window=a.loss_window)
     if not a.keep_records:
         doc.pop("records")
     os.makedirs(a.out_dir, exist_ok=True)

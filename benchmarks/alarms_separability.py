@@ -12,6 +12,12 @@ the norm >= 10x) that starts after the warm-up:
 - ``norm/median``: the norm over the median of the 50 finite norms before it;
 - ``loss/median``: the loss over the median of the 16 finite losses before it.
 
+A second table is the detector's own loss test (:class:`gradmon.cells.SpikeConfig`'s ``loss_*``):
+``(loss - median) / |median|`` against the median of the ring it keeps (the last ``loss_window``
+finite losses of finite steps), on every step it judges (from the ``loss_min``-th such loss on,
+the early steps included), for every clean run and the first two steps of every finite must fault,
+wherever it starts.
+
 A statistic separates the faults from clean training when every fault's value is above every
 clean maximum: then a threshold between them flags the faults and no clean step. A fault whose
 norm statistics sit below the clean maxima cannot be caught by any threshold on them without
@@ -105,6 +111,66 @@ def analyse(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"clean": clean, "worst_clean": worst, "faults": faults}
 
 
+def loss_test_ratios(records: Sequence[dict[str, Any]]) -> list[float]:
+    """``(loss - median) / |median|`` of every record against the detector's loss ring (NaN where the
+    test does not judge: too few losses, a non-finite loss or norm, a zero median)."""
+    from gradmon.cells import SpikeConfig
+
+    config = SpikeConfig()
+    ring: list[float] = []
+    out = []
+    for r in records:
+        loss, norm = r.get("loss"), r.get("grad_norm")
+        if not (_finite(loss) and _finite(norm)):
+            out.append(math.nan)
+            continue
+        median = statistics.median(ring) if len(ring) >= config.loss_min else math.nan
+        out.append((loss - median) / abs(median) if _finite(median) and median != 0 else math.nan)
+        ring = [*ring, loss][-config.loss_window:]
+    return out
+
+
+def analyse_loss_test(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The loss test's largest ratio per clean run (every judged step) and per finite must fault
+    (its first two steps), with whether the recorded run's detector flagged the fault."""
+    clean: dict[str, float] = {}
+    faults: list[dict[str, Any]] = []
+    for doc in docs:
+        for s in doc.get("settings", []):
+            recs = s.get("records")
+            if not recs:
+                continue
+            for seed, records in recs["clean"].items():
+                clean[f"{s['setting']}/{seed}"] = max((x for x in loss_test_ratios(records) if _finite(x)),
+                                                      default=math.nan)
+            trunk = recs["clean"][min(recs["clean"])]
+            for fr, score in zip(recs["faults"], s["faults"]):
+                if not (score["must"] and _finite(score["magnitude"])):
+                    continue
+                prefix = [r for r in trunk if r["step"] < fr["start"]]
+                values = loss_test_ratios([*prefix, *fr["records"]])[len(prefix):len(prefix) + 2]
+                faults.append({"fault": f"{s['setting']}/{fr['fault']}@{fr['start']}",
+                               "caught": score["detector_caught"],
+                               "ratio": max((x for x in values if _finite(x)), default=math.nan)})
+    return {"clean": clean, "faults": faults,
+            "worst_clean": max((x for x in clean.values() if _finite(x)), default=math.nan)}
+
+
+def render_loss_test(result: dict[str, Any]) -> str:
+    from gradmon.cells import SpikeConfig
+
+    ratio = SpikeConfig().loss_ratio
+    lines = ["| run / fault | flagged in the recorded run | "
+             f"(loss - median) / median (flags above {ratio:g}) |", "|---|---|---|"]
+    lines += [f"| clean {name} (largest, every judged step) |  | {x:.2f} |"
+              for name, x in result["clean"].items()]
+    lines.append(f"| **largest of all clean runs** |  | **{result['worst_clean']:.2f}** |")
+    for x in result["faults"]:
+        value = f"{x['ratio']:.2f}" if _finite(x["ratio"]) else "—"
+        lines.append(f"| fault {x['fault']} | {'yes' if x['caught'] else 'no'} | {value} |")
+    return "\n".join(lines) + "\n"
+
+
 def render(result: dict[str, Any]) -> str:
     def f(x: float) -> str:
         return f"{x:.2f}" if _finite(x) else "—"
@@ -133,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
              if path.name != "alarms-converged.json"]
     docs = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
     print(render(analyse(docs)), end="")
+    print("\nThe detector's loss test:\n")
+    print(render_loss_test(analyse_loss_test(docs)), end="")
     return 0
 
 

@@ -445,7 +445,7 @@ def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: s
 
 # What compare_builds gives the median of, per build and case (load_page's keys).
 _COMPARED = ("viewport_ms", "ready_ms", "dom_content_loaded_ms", "requests", "script_requests", "script_kb",
-             "heap_mb", "runs_answered_ms", "history_sent_ms", "history_answered_ms")
+             "heap_mb", "runs_answered_ms", "history_sent_ms", "history_answered_ms", "history_bytes")
 
 
 def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20_000,
@@ -455,10 +455,11 @@ def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20
     opens each tree's page with one run and with four, in alternating order, each in a freshly
     launched Chromium (1400x900). Medians of ``viewport_ms`` (navigation start -> every chart card
     overlapping the viewport drawn with every shown run, painted), ``ready_ms`` (every chart near
-    the viewport drawn: the whole first pass), DOMContentLoaded, the requests and where the time
-    went. ``tensorboard``: a TensorBoard executable (its own environment); its default page on the
-    same runs as event files is opened in the same rounds (label ``tensorboard``, four runs: its
-    default shows every run), or the reason it is not is given as ``tensorboard_skipped``."""
+    the viewport drawn: the whole first pass), DOMContentLoaded, the requests, where the time
+    went and ``history_bytes`` (the history answers' bodies, as sent). ``tensorboard``: a
+    TensorBoard executable (its own environment); its default page on the same runs as event files
+    is opened in the same rounds (label ``tensorboard``, four runs: its default shows every run), or
+    the reason it is not is given as ``tensorboard_skipped``."""
     from playwright.sync_api import sync_playwright
 
     from benchmarks.bigruns import _server

@@ -45,7 +45,9 @@ class StepOptions:
     - ``skip_nonfinite``: when the norm is NaN/Inf, do not run the optimizer this step.
     - ``spike_mode``: ``"off"``, ``"detect"``, ``"clip"`` or ``"skip"`` (see :class:`SpikeConfig`);
       ``spike_warmup``, ``spike_alpha``, ``spike_z``, ``spike_early_window``, ``spike_early_min_ratio``,
-      ``spike_early_max_ratio``, ``spike_floor``: detector settings (defaults in :class:`SpikeConfig`).
+      ``spike_early_max_ratio``, ``spike_floor``, ``spike_loss_window``, ``spike_loss_ratio``,
+      ``spike_loss_floor``: detector settings (defaults in :class:`SpikeConfig`; ``spike_loss_window=0``
+      turns the detector's loss test off).
     - ``history_size``: rows of the device history ring (0 disables it and its counters).
     - ``local_norm``: also record each rank's own norm (before the data-parallel reduction, without
       the other ranks' slices of sharded parameters).
@@ -82,6 +84,9 @@ class StepOptions:
     spike_early_min_ratio: float = SpikeConfig.early_min_ratio
     spike_early_max_ratio: float = SpikeConfig.early_max_ratio
     spike_floor: float = SpikeConfig.floor
+    spike_loss_window: int = SpikeConfig.loss_window
+    spike_loss_ratio: float = SpikeConfig.loss_ratio
+    spike_loss_floor: float = SpikeConfig.loss_floor
     history_size: int = 1024
     local_norm: bool = False
     layer_stats: bool = False
@@ -124,11 +129,11 @@ class StepOptions:
         if self.shard_group is not None and not (isinstance(self.shard_group, str) and self.shard_group):
             raise TypeError("shard_group must be the name of a communication group (a non-empty str) "
                             f"or None, got {self.shard_group!r}")
-        for name in ("spike_warmup", "spike_early_window"):
+        for name in ("spike_warmup", "spike_early_window", "spike_loss_window"):
             if _is_int(getattr(self, name)):
                 set_(self, name, int(getattr(self, name)))
         for name in ("spike_alpha", "spike_z", "spike_early_min_ratio", "spike_early_max_ratio",
-                     "spike_floor"):
+                     "spike_floor", "spike_loss_ratio", "spike_loss_floor"):
             value = getattr(self, name)
             if not _is_number(value):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
@@ -153,7 +158,9 @@ class StepOptions:
         return SpikeConfig(mode=self.spike_mode, warmup=self.spike_warmup, alpha=self.spike_alpha,
                            z_threshold=self.spike_z, early_window=self.spike_early_window,
                            early_min_ratio=self.spike_early_min_ratio,
-                           early_max_ratio=self.spike_early_max_ratio, floor=self.spike_floor)
+                           early_max_ratio=self.spike_early_max_ratio, floor=self.spike_floor,
+                           loss_window=self.spike_loss_window, loss_ratio=self.spike_loss_ratio,
+                           loss_floor=self.spike_loss_floor)
 
     def as_dict(self) -> dict[str, Any]:
         """Every option by name (for ``gradmon_config()``)."""

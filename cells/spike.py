@@ -24,9 +24,14 @@ from .zclip_reference import (
     EARLY_MIN_RATIO,
     EARLY_WINDOW,
     EARLY_Z,
+    LOSS_FLOOR,
+    LOSS_MIN,
+    LOSS_RATIO,
+    LOSS_WINDOW,
     MAD_SIGMA,
     TINY_NORM,
     EarlyRule,
+    LossRule,
 )
 
 SPIKE_MODES = ("off", "detect", "clip", "skip")
@@ -53,6 +58,14 @@ class SpikeConfig:
     at most this fraction of the run's scale (the largest median of the ring so far) is never a
     spike, in either rule (needs the early ring). 0 (off) by default: measured, the flags it
     removes at a converged Adam run's noise floor are what kept that run converged.
+    ``loss_window``: losses in the ring of the loss test (16; 0: no loss test). From the
+    ``loss_min``-th finite loss on (4), a step whose loss is above the ring's median by more than
+    ``loss_ratio`` (150) times the median's magnitude and by more than ``loss_floor`` (0.01) times
+    the run's loss scale (the largest such magnitude so far) is a spike too, whatever its norm: a
+    corrupted batch can leave the norm ordinary (Adam, late in training) and the loss 400x. On such
+    a loss-only spike ``clip`` scales the gradients to the norm's running level (the detector's
+    mean; never up) and ``skip`` skips the step. The step's loss must be passed
+    (``MonitoredTrainStep`` does; it is the unscaled loss, the micro-batches' mean under accumulation).
 
     The defaults are measured (docs/cells.md, "Why these defaults"): ZClip's own flag 3-6 % of the
     ordinary steps of small-data CPU runs; these flag none of the suite's clean steps after step 10
@@ -69,6 +82,10 @@ class SpikeConfig:
     early_min_ratio: float = EARLY_MIN_RATIO
     early_max_ratio: float = EARLY_MAX_RATIO
     floor: float = EARLY_FLOOR
+    loss_window: int = LOSS_WINDOW
+    loss_min: int = LOSS_MIN
+    loss_ratio: float = LOSS_RATIO
+    loss_floor: float = LOSS_FLOOR
 
     def __post_init__(self) -> None:
         if self.mode not in SPIKE_MODES:
@@ -80,10 +97,14 @@ class SpikeConfig:
             raise ValueError(f"spike_alpha must be in (0, 1), got {self.alpha!r}")
         if not float(self.z_threshold) > 0.0:
             raise ValueError(f"spike_z must be > 0, got {self.z_threshold!r}")
-        for name, low in (("early_window", 0), ("early_min", 1)):
+        for name, low in (("early_window", 0), ("early_min", 1), ("loss_window", 0), ("loss_min", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"spike_{name} must be an int >= {low}, got {value!r}")
+        if not 0.0 < float(self.loss_ratio) < math.inf:
+            raise ValueError(f"spike_loss_ratio must be a finite number > 0, got {self.loss_ratio!r}")
+        if not 0.0 <= float(self.loss_floor) < math.inf:
+            raise ValueError(f"spike_loss_floor must be a finite number >= 0, got {self.loss_floor!r}")
         if not 0.0 <= float(self.floor) < 1.0:
             raise ValueError(f"spike_floor must be in [0, 1), got {self.floor!r}")
         if not float(self.early_z) >= 0.0:
@@ -101,6 +122,17 @@ class SpikeConfig:
         return EarlyRule(self.early_window, self.early_min, self.early_z, self.early_min_ratio,
                          self.early_max_ratio, self.floor)
 
+    def reference_loss_rule(self) -> LossRule:
+        """The loss test's settings for :mod:`gradmon.cells.zclip_reference`."""
+        return LossRule(self.loss_window, self.loss_min, self.loss_ratio, self.loss_floor)
+
+    def loss_rule(self) -> tuple:
+        """The loss test's constants for :func:`zclip_update` (``()``: off): ``(window, min, ratio,
+        floor)``, plain Python numbers (GRAPH constants)."""
+        if not self.loss_window:
+            return ()
+        return (self.loss_window, self.loss_min, self.loss_ratio, self.loss_floor)
+
     def early_rule(self) -> tuple:
         """The early rule's constants for :func:`zclip_update` (``()``: off): ``(window, min,
         early_z * 1.4826, log(min_ratio), log(max_ratio), floor)``, plain Python numbers (GRAPH
@@ -111,11 +143,18 @@ class SpikeConfig:
                 math.log(self.early_max_ratio), self.floor)
 
 
+def norm_state_size(early_window: int) -> int:
+    """Floats of the norm tests' part of the state: ``[count, mean, var]`` (+ ``[scale, ring...]``)."""
+    return 3 + (1 + early_window if early_window else 0)
+
+
 def initial_state(config: SpikeConfig) -> np.ndarray:
     """The detector's state before the first step: ``[count, mean, var]``, then with the early
-    rule the run's scale and the ring of ``early_window`` log-norms (all zeros; the count says
+    rule the run's scale and the ring of ``early_window`` log-norms, then with the loss test
+    ``[loss_count, loss_scale]`` and the ring of ``loss_window`` losses (all zeros; the counts say
     which slots hold values)."""
-    return np.zeros(3 + (1 + config.early_window if config.early_window else 0), np.float32)
+    loss = 2 + config.loss_window if config.loss_window else 0
+    return np.zeros(norm_state_size(config.early_window) + loss, np.float32)
 
 
 def _median_of_first(sorted_values: Tensor, n: Tensor, slots: Tensor) -> Tensor:
@@ -149,8 +188,32 @@ def _early_rule(norm: Tensor, count: Tensor, ring: Tensor, z_threshold: float, e
     return zscore, spike, target, med
 
 
+def _loss_update(loss: Tensor, finite: Tensor, part: Tensor, rule: tuple) -> tuple:
+    """The loss test on device: ``(loss_spike, new_part)`` for the state's loss part ``part``
+    (``[loss_count, loss_scale, ring...]``; see :mod:`gradmon.cells.zclip_reference`); ``rule`` is
+    :meth:`SpikeConfig.loss_rule`. The part moves on finite steps with a finite loss."""
+    window, min_history, ratio, floor = rule
+    count, scale, ring = part[0], part[1:2], part[2:]
+    ok = ops.logical_and(finite, ops.isfinite(loss))
+    judged = ops.logical_and(ok, count >= min_history)
+    slots = ops.cast(ops.arange(window), ms.float32)
+    n = ops.minimum(count, float(window))
+    # Empty slots sort last: inf is above every finite loss (the median reads only the n filled).
+    empty = ops.fill(ms.float32, (window,), math.inf)
+    med = _median_of_first(ops.sort(ops.select(slots < n, ring, empty))[0], n, slots)
+    size = ops.abs(med)
+    scale = ops.select(judged, ops.maximum(scale, size), scale)  # (shape (1,))
+    dev = loss - med
+    spike = ops.logical_and(judged, ops.logical_and(dev > ratio * size, dev > floor * scale[0]))
+    slot = count - ops.floor(count / window) * window  # count mod window: the oldest slot
+    new_ring = ops.select(ops.equal(slots, slot), ops.broadcast_to(loss, (window,)), ring)
+    new_part = ops.concat((ops.stack((count + 1.0,)), scale, new_ring))
+    return spike, ops.select(ops.broadcast_to(ok, (2 + window,)), new_part, part)
+
+
 def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha: float,
-                 z_threshold: float, early: tuple = ()) -> tuple:
+                 z_threshold: float, early: tuple = (), loss: Tensor | None = None,
+                 loss_rule: tuple = ()) -> tuple:
     """One detector step on device.
 
     ``norm`` (float32 scalar) and ``finite`` (bool scalar) describe this step; ``state`` is the
@@ -158,8 +221,14 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     finite steps seen; float32 is exact far beyond any warm-up length, and past 2**24 only the
     comparisons with ``warmup`` and the ring's length matter). ``early`` is
     :meth:`SpikeConfig.early_rule` (empty: no early rule, and ``state`` is ``[count, mean, var]``).
-    Returns ``(zscore, spike, target, new_state)``: ``target`` is the clip target on a spike and
-    ``norm`` otherwise. Non-finite steps leave the state unchanged.
+    Returns ``(zscore, spike, target, new_state, loss_spike)``: ``target`` is the clip target on a
+    spike and ``norm`` otherwise; ``loss_spike`` says the loss test tripped (``spike`` is then True).
+    Non-finite steps leave the state unchanged.
+
+    ``loss`` (float32 scalar, the step's loss) and ``loss_rule`` (:meth:`SpikeConfig.loss_rule`)
+    add the loss test; its part of the state, ``[loss_count, loss_scale, loss ring...]``, follows
+    the norm tests' and moves on finite steps whose loss is finite. A step it flags that the norm
+    tests do not gets the target ``min(norm, mean)``.
 
     During the EMA's warm-up the early rule judges (from its ``min_history``-th norm on): the
     ring's median and MAD of log-norms. Warm-up and EMA share one recursion,
@@ -169,7 +238,10 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     and ``d = e`` (ZClip's EMA). ``g`` is the effective norm. Straight-line kernels, no branches:
     everything is computed and ``select`` picks.
     """
-    count, mean, var, scale, ring = state[0], state[1], state[2], state[3:4], state[4:]
+    if loss_rule and loss is None:
+        raise ValueError("zclip_update: the loss test (loss_rule) needs the step's loss")
+    norm_size = norm_state_size(early[0] if early else 0)
+    count, mean, var, scale, ring = state[0], state[1], state[2], state[3:4], state[4:norm_size]
     in_warmup = count < warmup
     active = ops.logical_and(finite, count >= warmup)
     std = ops.sqrt(var)
@@ -189,6 +261,14 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
         zscore = ops.select(judged, early_z, zscore)
         target = ops.select(early_spike, early_target, target)
         spike = ops.logical_or(spike, early_spike)
+    loss_spike = ops.zeros_like(finite)
+    loss_part = state[norm_size:]  # the loss test's state (empty without it), unchanged unless below
+    if loss_rule:
+        loss_spike, loss_part = _loss_update(loss, finite, state[norm_size:], loss_rule)
+        # A loss-only spike is clipped to the norm's running level (never up).
+        target = ops.select(ops.logical_and(loss_spike, ops.logical_not(spike)), ops.minimum(norm, mean),
+                            target)
+        spike = ops.logical_or(spike, loss_spike)
     weight = ops.select(in_warmup, 1.0 / (count + 1.0), ops.fill(ms.float32, (), 1.0 - alpha))
     delta = target - mean
     new_mean = mean + weight * delta
@@ -202,6 +282,8 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
         logged = ops.broadcast_to(ops.log(ops.maximum(target, TINY_NORM)), (window,))
         new_ring = ops.select(here, logged, ring)
         stats = ops.concat((stats, scale, new_ring))
-    size = 3 + (1 + early[0] if early else 0)
-    new_state = ops.select(ops.broadcast_to(finite, (size,)), stats, state)
-    return zscore, spike, target, new_state
+    if not loss_rule:
+        new_state = ops.select(ops.broadcast_to(finite, (norm_size,)), stats, state)
+        return zscore, spike, target, new_state, loss_spike
+    norm_part = ops.select(ops.broadcast_to(finite, (norm_size,)), stats, state[:norm_size])
+    return zscore, spike, target, ops.concat((norm_part, loss_part)), loss_spike

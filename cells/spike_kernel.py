@@ -2,19 +2,20 @@
 
 :func:`gradmon.cells.spike.zclip_update` builds the update from ~75 small stock kernels (two sorts,
 selects, an arange...), which a sub-millisecond step feels. ``cells/csrc/spike_detector.cc`` computes
-the same update (EMA z-score, Welford warm-up, the early median/MAD rule, scale and floor, ring write)
-in one ``ops.Custom(func_type="aot")`` launch, in float32 and in the op path's order of operations;
-only ``exp`` differs: libm's ``expf`` there, a polynomial approximation in MindSpore's CPU kernel
-(relative error up to ~2e-5), so early clip targets and the run's scale may differ in the last
-digits. It is compiled at first use (:mod:`gradmon.cells.fused_build`) and self-tested against
-:mod:`gradmon.cells.zclip_reference` through ctypes before MindSpore ever loads it.
+the same update (EMA z-score, Welford warm-up, the early median/MAD rule, scale and floor, ring write,
+the loss test over its ring of recent losses) in one ``ops.Custom(func_type="aot")`` launch, in
+float32 and in the op path's order of operations; only ``exp`` differs: libm's ``expf`` there, a
+polynomial approximation in MindSpore's CPU kernel (relative error up to ~2e-5), so early clip targets
+and the run's scale may differ in the last digits. It is compiled at first use
+(:mod:`gradmon.cells.fused_build`) and self-tested against :mod:`gradmon.cells.zclip_reference`
+through ctypes before MindSpore ever loads it.
 
-- :class:`SpikeDetector` ``(config)``: a Cell, ``detector(norm, finite, state)`` ->
-  ``(zscore, spike, target, new_state)``, exactly :func:`zclip_update`'s contract. It runs the kernel
-  where :func:`detector_kernel_available` is True, else :func:`zclip_update` (non-CPU targets, no
-  compiler, the switches below). Build it outside the graph (a cell's ``__init__``); it works in a
+- :class:`SpikeDetector` ``(config)``: a Cell, ``detector(norm, finite, state, loss)`` ->
+  ``(zscore, spike, target, new_state, loss_spike)``, exactly :func:`zclip_update`'s contract. It
+  runs the kernel where :func:`detector_kernel_available` is True, else :func:`zclip_update` (non-CPU
+  targets, no compiler, the switches below). Build it outside the graph (a cell's ``__init__``); it works in a
   ``Cell.construct`` in GRAPH and PYNATIVE mode and inside ``@ms.jit`` functions.
-- :class:`FusedSpikeUpdate`: the primitive, ``op(norm, finite, state, params)`` with
+- :class:`FusedSpikeUpdate`: the primitive, ``op(norm, finite, loss, state, params)`` with
   ``params = kernel_params(config)``. Building it raises :class:`DetectorKernelUnavailableError`
   where the kernel is not available.
 
@@ -55,12 +56,12 @@ from .zclip_reference import TINY_NORM, zclip_run
 ENV_SWITCH = "GRADMON_FUSED_DETECTOR"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "spike_detector.cc"
 LIBRARY_NAME = "gradmon_spike_detector"
-ABI_VERSION = 1
+ABI_VERSION = 2
 # No fused multiply-add contraction: the kernel rounds each operation as the op path's kernels do.
 FLAGS = (*CXX_FLAGS, "-ffp-contract=off")
 # The kernel's `params` input, in cells/csrc/spike_detector.cc's order (enum Param).
 PARAM_NAMES = ("warmup", "one_minus_alpha", "z", "z_squared", "eps", "tiny", "window", "early_min",
-               "early_z", "log_lo", "log_hi", "floor")
+               "early_z", "log_lo", "log_hi", "floor", "loss_window", "loss_min", "loss_ratio", "loss_floor")
 
 
 class DetectorKernelUnavailableError(RuntimeError):
@@ -77,10 +78,13 @@ def kernel_params(config: SpikeConfig) -> np.ndarray:
     the op path's ``1.0 - alpha`` in float32, an ulp away for most alphas)."""
     early = config.early_rule()
     window, early_min, early_z, log_lo, log_hi, floor = early if early else (0, 0, 0.0, 0.0, 0.0, 0.0)
+    loss_window, loss_min, loss_ratio, loss_floor = config.loss_rule() or (0, 0, 0.0, 0.0)
     z = config.z_threshold
     values = {"warmup": config.warmup, "one_minus_alpha": 1.0 - config.alpha, "z": z, "z_squared": z * z,
               "eps": ZSCORE_EPS, "tiny": TINY_NORM, "window": window, "early_min": early_min,
-              "early_z": early_z, "log_lo": log_lo, "log_hi": log_hi, "floor": floor}
+              "early_z": early_z, "log_lo": log_lo, "log_hi": log_hi, "floor": floor,
+              "loss_window": loss_window, "loss_min": loss_min, "loss_ratio": loss_ratio,
+              "loss_floor": loss_floor}
     return np.array([values[name] for name in PARAM_NAMES], np.float32)
 
 
@@ -96,29 +100,35 @@ def disabled_by_env() -> str | None:
     return None
 
 
-def _run_library(library: Path, config: SpikeConfig, norms: list[float]) -> list[tuple[float, bool, float]]:
-    """The kernel over ``norms`` through ctypes (no MindSpore): ``(zscore, spike, target)`` per step."""
+def _run_library(library: Path, config: SpikeConfig, norms: list[float], losses: list[float]
+                 ) -> list[tuple[float, bool, float, bool]]:
+    """The kernel over ``norms`` and ``losses`` through ctypes (no MindSpore): ``(zscore, spike,
+    target, loss_spike)`` per step."""
     params = kernel_params(config)
     state = initial_state(config)
     out = []
-    for value in norms:
+    for value, loss in zip(norms, losses):
         z, spike, target = np.zeros((), np.float32), np.zeros((), np.bool_), np.zeros((), np.float32)
+        loss_spike = np.zeros((), np.bool_)
         new_state = np.zeros_like(state)
         rc = call_aot(library, "GradmonSpikeUpdate",
-                      [np.array(value, np.float32), np.array(np.isfinite(value)), state, params],
-                      [z, spike, target, new_state])
+                      [np.array(value, np.float32), np.array(np.isfinite(value)), np.array(loss, np.float32),
+                       state, params],
+                      [z, spike, target, new_state, loss_spike])
         if rc != 0:
             raise KernelBuildError(f"{library}: GradmonSpikeUpdate returned {rc}")
         state = new_state
-        out.append((float(z), bool(spike), float(target)))
+        out.append((float(z), bool(spike), float(target), bool(loss_spike)))
     return out
 
 
 # Warm-up of 8 with a ring of 4 judged from the 3rd norm: an early spike (step 5), a non-finite step,
-# the ring's wrap-around, the hand-over to ZClip and a ZClip spike (step 12).
+# the ring's wrap-around, the hand-over to ZClip and a ZClip spike (step 12); a loss ring of 3 judged
+# from the 3rd loss: a loss-only spike (step 10, a NaN loss before it).
 _SELF_TEST_NORMS = [1.0, 1.2, 0.9, 1.1, 50.0, float("nan"), 1.05, 0.95, 1.1, 1.0, 1.02, 40.0, 1.01]
+_SELF_TEST_LOSSES = [2.0, 1.9, 1.8, 1.7, 1.6, 1.5, 1.5, float("nan"), 1.4, 90.0, 1.3, 1.3, 1.2]
 _SELF_TEST_CONFIG = SpikeConfig(mode="detect", warmup=8, alpha=0.9, z_threshold=3.0, early_window=4,
-                                early_min=2)
+                                early_min=2, loss_window=3, loss_min=2, loss_ratio=20.0)
 
 
 def _self_test(library: Path) -> None:
@@ -127,15 +137,17 @@ def _self_test(library: Path) -> None:
     if abi != ABI_VERSION:
         raise KernelBuildError(f"{library} has kernel ABI {abi}, expected {ABI_VERSION}")
     config = _SELF_TEST_CONFIG
-    got = _run_library(library, config, _SELF_TEST_NORMS)
+    got = _run_library(library, config, _SELF_TEST_NORMS, _SELF_TEST_LOSSES)
     ref, _ = zclip_run(_SELF_TEST_NORMS, warmup=config.warmup, alpha=config.alpha,
-                       z_threshold=config.z_threshold, early=config.reference_rule())
-    flags = [spike for _, spike, _ in got]
-    expected = [step.spike for step in ref]
+                       z_threshold=config.z_threshold, early=config.reference_rule(),
+                       losses=_SELF_TEST_LOSSES, loss_rule=config.reference_loss_rule())
+    flags = [(spike, loss_spike) for _, spike, _, loss_spike in got]
+    expected = [(step.spike, step.loss_spike) for step in ref]
     close = all(np.isclose(z, r.zscore, rtol=1e-4, atol=1e-5) and
                 (np.isclose(t, r.target, rtol=1e-4) or (np.isnan(t) and np.isnan(r.target)))
-                for (z, _, t), r in zip(got, ref))
-    if flags != expected or not close or flags[4] is not True or flags[11] is not True:
+                for (z, _, t, _), r in zip(got, ref))
+    if flags != expected or not close or flags[4] != (True, False) or flags[11] != (True, False) \
+            or flags[9] != (True, True):
         raise KernelBuildError(f"{library} failed its self-test (spikes {flags}, expected {expected}; "
                                f"values close: {close})")
 
@@ -179,11 +191,11 @@ def library_path() -> Path | None:
 
 
 class FusedSpikeUpdate(ops.Custom):
-    """``op(norm, finite, state, params)`` -> ``(zscore, spike, target, new_state)``: the detector's
-    whole update in one launch. ``norm`` float32 and ``finite`` bool, shape ``()`` or ``(1,)``;
-    ``state`` float32 (:func:`initial_state`); ``params`` :func:`kernel_params` of the same config.
-    The outputs have the norm's shape (``new_state`` the state's); dtypes float32, bool, float32,
-    float32."""
+    """``op(norm, finite, loss, state, params)`` -> ``(zscore, spike, target, new_state, loss_spike)``:
+    the detector's whole update in one launch. ``norm`` and ``loss`` float32, ``finite`` bool, shape
+    ``()`` or ``(1,)``; ``state`` float32 (:func:`initial_state`); ``params`` :func:`kernel_params` of
+    the same config. The outputs have the norm's shape (``new_state`` the state's); dtypes float32,
+    bool, float32, float32, bool."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FusedSpikeUpdate:
         # Refused before the object exists: a half-built Primitive crashes when printed (a traceback).
@@ -201,30 +213,31 @@ class FusedSpikeUpdate(ops.Custom):
         return type(self)()
 
     @staticmethod
-    def _infer_shape(norm, finite, state, params):
-        for what, shape in (("norm", norm), ("finite", finite)):
+    def _infer_shape(norm, finite, loss, state, params):
+        for what, shape in (("norm", norm), ("finite", finite), ("loss", loss)):
             if tuple(shape) not in ((), (1,)):
                 raise TypeError(f"FusedSpikeUpdate: {what} must have shape () or (1,), got {tuple(shape)}")
         if len(state) != 1 or len(params) != 1 or params[0] != len(PARAM_NAMES):
             raise TypeError(f"FusedSpikeUpdate: state must be a vector and params kernel_params(config) "
                             f"({len(PARAM_NAMES)},), got {tuple(state)} and {tuple(params)}")
         scalar = list(norm)
-        return [scalar, scalar, scalar, list(state)]
+        return [scalar, scalar, scalar, list(state), scalar]
 
     @staticmethod
-    def _infer_dtype(norm, finite, state, params):
-        expected = (ms.float32, ms.bool_, ms.float32, ms.float32)
-        for what, dtype, want in zip(("norm", "finite", "state", "params"), (norm, finite, state, params),
-                                     expected):
+    def _infer_dtype(norm, finite, loss, state, params):
+        expected = (ms.float32, ms.bool_, ms.float32, ms.float32, ms.float32)
+        for what, dtype, want in zip(("norm", "finite", "loss", "state", "params"),
+                                     (norm, finite, loss, state, params), expected):
             if element_type(dtype) != want:
                 raise TypeError(f"FusedSpikeUpdate: {what} must be {want}, got {dtype}")
         # TensorTypes, not bare dtypes: a bare dtype of shape () would make GRAPH mode infer a Python scalar.
-        return [mstype.TensorType(d) for d in (ms.float32, ms.bool_, ms.float32, ms.float32)]
+        return [mstype.TensorType(d) for d in (ms.float32, ms.bool_, ms.float32, ms.float32, ms.bool_)]
 
 
 class SpikeDetector(nn.Cell):
-    """``detector(norm, finite, state)`` -> ``(zscore, spike, target, new_state)`` for ``config``
-    (:func:`zclip_update`'s contract): the fused kernel when available, else the op path.
+    """``detector(norm, finite, state, loss)`` -> ``(zscore, spike, target, new_state, loss_spike)``
+    for ``config`` (:func:`zclip_update`'s contract; ``loss``: the step's float32 scalar loss, read
+    only with the loss test): the fused kernel when available, else the op path.
 
     ``fused``: ``None`` (default) picks; ``True`` requires the kernel
     (:class:`DetectorKernelUnavailableError` otherwise); ``False`` is the op path. ``self.fused`` says
@@ -239,14 +252,16 @@ class SpikeDetector(nn.Cell):
         # Plain Python numbers and tuples are constants in GRAPH mode.
         self.warmup, self.alpha, self.z_threshold = config.warmup, config.alpha, config.z_threshold
         self.early = config.early_rule()
+        self.loss_rule = config.loss_rule()
         if self.fused:
             self.kernel = FusedSpikeUpdate()
             self.params = Tensor(kernel_params(config))
 
-    def construct(self, norm, finite, state):
+    def construct(self, norm, finite, state, loss):
         if self.fused:
-            return self.kernel(norm, finite, state, self.params)
-        return zclip_update(norm, finite, state, self.warmup, self.alpha, self.z_threshold, self.early)
+            return self.kernel(norm, finite, loss, state, self.params)
+        return zclip_update(norm, finite, state, self.warmup, self.alpha, self.z_threshold, self.early, loss,
+                            self.loss_rule)
 
 
 __all__ = ["DetectorKernelFallbackWarning", "DetectorKernelUnavailableError", "FusedSpikeUpdate",

@@ -144,6 +144,8 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         # Compile-time switches read by construct (plain Python values are constants in GRAPH mode).
         self.has_max_norm = max_norm is not None
         self.spike_on = spike.enabled
+        # The ring's spike column says 2 where the detector's loss test tripped (see _record).
+        self.spike_loss_code = spike.enabled and spike.loss_window > 0
         self.spike_clip = spike.mode == "clip"
         self.spike_skip = spike.mode == "skip"
         self.clips = self.has_max_norm or self.spike_clip
@@ -186,6 +188,12 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
                                          requires_grad=False)
             # The update: one fused CPU kernel where it is available, else zclip_update's stock ops.
             self.spike_detector = SpikeDetector(spike)
+        # Under data parallel the loss test judges the ranks' mean loss (one scalar all-reduce), so
+        # every rank takes the same decision, as it does on the all-reduced norm.
+        self.spike_loss_reduce = self.spike_loss_code and self.reducer_flag
+        if self.spike_loss_reduce:
+            self.loss_all_reduce = ops.AllReduce()
+            self._inv_degree = Tensor(1.0 / self.degree, ms.float32)
         if layer_stats:
             self.layer_sq = Parameter(Tensor(np.zeros(len(self.weight_names), np.float32)),
                                       name="gradmon_layer_sq", requires_grad=False)
@@ -292,7 +300,7 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         else:
             norm = self._global_norm(grads, inv_scale)
             finite = ops.isfinite(norm)
-        zscore, spike, target = self._spike_status(norm, finite)
+        zscore, spike, target, loss_spike = self._spike_status(norm, finite, loss)
         coef = self._clip_coefficient(norm, finite, spike, target)
         update = self._update_grads(grads, coef, inv_scale)
         apply = self._update_allowed(finite, spike, scale_used)
@@ -303,7 +311,8 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
             clipped = ops.logical_and(apply, coef < 1.0) if self.clips else self._false
             nonfinite = ops.logical_not(finite)
             skipped = nonfinite if self.skips_only_nonfinite else ops.logical_not(apply)
-            self._record(loss, norm, coef, zscore, clipped, spike, skipped, nonfinite, scale_used, local)
+            self._record(loss, norm, coef, zscore, clipped, spike, skipped, nonfinite, scale_used, local,
+                         loss_spike)
         return loss, norm, grads
 
     def _local_norm(self, grads, inv_scale):
@@ -353,13 +362,20 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         ops.assign(self.counts, counts)
         return norm, finite
 
-    def _spike_status(self, norm, finite):
-        """``(zscore, spike, target)`` of the detector, its state advanced (off: ``(0, False, norm)``)."""
+    def _spike_status(self, norm, finite, loss):
+        """``(zscore, spike, target, loss_spike)`` of the detector, its state advanced (off:
+        ``(0, False, norm, False)``). ``loss`` is the step's loss as the cell returns it: unscaled
+        (the loss scale only seeds the backward pass), the micro-batches' mean under accumulation; under
+        data parallel the detector gets the ranks' mean of it."""
         if self.spike_on:
-            zscore, spike, target, state = self.spike_detector(norm, finite, self.spike_state)
+            loss32 = _as_scalar_f32(loss)
+            if self.spike_loss_reduce:
+                loss32 = self.loss_all_reduce(loss32.reshape((1,))).reshape(()) * self._inv_degree
+            zscore, spike, target, state, loss_spike = self.spike_detector(norm, finite, self.spike_state,
+                                                                           loss32)
             ops.assign(self.spike_state, state)
-            return zscore, spike, target
-        return self._zero, self._false, norm
+            return zscore, spike, target, loss_spike
+        return self._zero, self._false, norm, self._false
 
     def _clip_coefficient(self, norm, finite, spike, target):
         """The factor the update's gradients get (1 when nothing clips, and on a non-finite step)."""
@@ -424,11 +440,19 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
             loss = ops.depend(loss, self.optimizer(grads))
         return loss
 
-    def _record(self, loss, norm, coef, zscore, clipped, spike, skipped, nonfinite, scale_used, local):
-        """Write this step's row into the ring and bump the counters (a handful of tiny kernels)."""
+    def _record(self, loss, norm, coef, zscore, clipped, spike, skipped, nonfinite, scale_used, local,
+                loss_spike=None):
+        """Write this step's row into the ring and bump the counters (a handful of tiny kernels).
+
+        With the detector's loss test the ``spike`` column is 2 where the loss tripped it (1: the
+        norm tests alone); the counter counts spike steps either way."""
         loss32 = _as_scalar_f32(loss)
         flags = ops.stack((clipped, spike, skipped, nonfinite))
-        parts = (ops.stack((loss32, norm, coef, zscore)), ops.cast(flags, ms.float32))
+        flag_values = ops.cast(flags, ms.float32)
+        if self.spike_loss_code:
+            loss_flag = ops.stack((self._false, loss_spike, self._false, self._false))
+            flag_values = flag_values + ops.cast(loss_flag, ms.float32)
+        parts = (ops.stack((loss32, norm, coef, zscore)), flag_values)
         # Tuple concatenation, not starred unpacking: GRAPH mode's parser handles the former.
         if self.loss_scale:
             parts = parts + (scale_used,)  # noqa: RUF005

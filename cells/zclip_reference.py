@@ -29,6 +29,20 @@ against, and a readable statement of the rule. Two tests share one state:
   norms under the floor): ZClip's ``z`` after warm-up, ``z_threshold * d / t`` under the early
   rule, 0 before the early rule judges.
 
+* **Loss test** (:class:`LossRule`, with the step's loss): a ring keeps the last ``window`` finite
+  losses of finite steps (raw values, oldest first). From the ``min_history``-th on, with ``m`` their
+  median (as above) and ``scale`` the largest ``|m|`` seen so far (taken before each judged loss), a
+  step is a *loss spike* when ``loss - m > ratio * |m|`` and ``loss - m > floor * scale``: far above
+  its recent level, and not a converged run's float noise (a loss of 1e-7 that jumps 1000x is still
+  nothing against the 2.3 the run started at). Judged on every finite step with a finite loss,
+  during the warm-up too. A loss spike is a spike (``spike``; ``loss_spike`` says the loss test
+  tripped). When the norm tests do not flag it, its clip target is ``min(norm, mean)``: the norm's
+  running level (the EMA mean, or the warm-up's running mean before the EMA takes over), so
+  ``clip`` scales that step's gradients to an ordinary step's size and never up; that target is the
+  step's effective norm. The loss ring takes the loss as it is (the median is robust to a few
+  outliers, and a lasting shift of the loss becomes the new level after ``window // 2`` steps).
+  ``window=0`` (or no loss) turns the test off.
+
 ``early_window=0`` turns the early rule off (ZClip alone, as gradmon's first detector).
 """
 
@@ -49,6 +63,14 @@ EARLY_MAX_RATIO = 8.0  # ... and at most this one
 # scale still moves the weights by ~lr per coordinate, and clipping it is what keeps the run
 # converged (docs/cells.md, "Why these defaults": with 0.01 issue 22's 20k-step run diverged).
 EARLY_FLOOR = 0.0
+# The loss test: the median of the last LOSS_WINDOW finite losses, judged from the LOSS_MIN-th on; a
+# loss more than LOSS_RATIO x |median| above it (and LOSS_FLOOR x the run's loss scale) is a spike.
+# Measured (benchmarks/ALARMS.md): clean steps of the suite reach 79x their median of 16, the inputs
+# the norm tests miss 349-404x.
+LOSS_WINDOW = 16
+LOSS_MIN = 4
+LOSS_RATIO = 150.0
+LOSS_FLOOR = 0.01
 MAD_SIGMA = 1.4826
 TINY_NORM = 1e-30  # log(0) guard: a zero norm counts as this
 
@@ -75,6 +97,23 @@ class EarlyRule:
 NO_EARLY_RULE = EarlyRule(window=0)
 
 
+@dataclass(frozen=True)
+class LossRule:
+    """Settings of the loss test; ``window=0`` disables it."""
+
+    window: int = LOSS_WINDOW
+    min_history: int = LOSS_MIN
+    ratio: float = LOSS_RATIO
+    floor: float = LOSS_FLOOR
+
+    @property
+    def enabled(self) -> bool:
+        return self.window > 0
+
+
+NO_LOSS_RULE = LossRule(window=0)
+
+
 @dataclass
 class ZClipState:
     """Detector state: finite steps seen, running mean and variance, the warm-up's norms and the
@@ -86,6 +125,9 @@ class ZClipState:
     scale: float = 0.0  # the largest ring median so far (the early rule's; a float32 value)
     warm: list[float] = field(default_factory=list)
     ring: list[np.float32] = field(default_factory=list)
+    loss_count: int = 0  # finite losses of finite steps seen (the loss test's)
+    loss_scale: float = 0.0  # the largest |median| of the loss ring so far (a float32 value)
+    loss_ring: list[np.float32] = field(default_factory=list)  # the last losses, oldest first
 
 
 @dataclass(frozen=True)
@@ -95,6 +137,7 @@ class ZClipStep:
     zscore: float
     spike: bool
     target: float  # the clip target on a spike, else the norm itself
+    loss_spike: bool = False  # the loss test tripped (then ``spike`` is True too)
 
 
 def _median(values: np.ndarray) -> np.float32:
@@ -123,13 +166,31 @@ def early_verdict(ring: list[np.float32], norm: float, z_threshold: float, rule:
     return zscore, spike, target
 
 
+def loss_verdict(state: ZClipState, loss: float, rule: LossRule) -> bool:
+    """The loss test on one finite ``loss`` of a finite step (advances ``state.loss_scale``; the
+    ring is written by :func:`zclip_step`): True when it trips."""
+    if state.loss_count < rule.min_history:
+        return False
+    med = ring_median(state.loss_ring)
+    state.loss_scale = float(max(np.float32(state.loss_scale), np.float32(abs(med))))
+    dev = np.float32(np.float32(loss) - med)
+    return bool(dev > np.float32(rule.ratio) * np.float32(abs(med))
+                and dev > np.float32(rule.floor) * np.float32(state.loss_scale))
+
+
 def zclip_step(state: ZClipState, norm: float, *, warmup: int, alpha: float, z_threshold: float,
-               eps: float = 1e-6, early: EarlyRule | None = None) -> ZClipStep:
+               eps: float = 1e-6, early: EarlyRule | None = None, loss: float | None = None,
+               loss_rule: LossRule | None = None) -> ZClipStep:
     """Advance ``state`` (in place) by one gradient norm and return the verdict for that norm.
-    ``early``: the early rule's settings (default :class:`EarlyRule`; ``NO_EARLY_RULE``: off)."""
+    ``early``: the early rule's settings (default :class:`EarlyRule`; ``NO_EARLY_RULE``: off).
+    ``loss``: the step's loss, judged by ``loss_rule`` (default :class:`LossRule`; ``None``: no
+    loss, the test is off)."""
     early = EarlyRule() if early is None else early
+    loss_rule = LossRule() if loss_rule is None else loss_rule
     if not math.isfinite(norm):
         return ZClipStep(0.0, False, norm)
+    judge_loss = loss_rule.enabled and loss is not None and math.isfinite(loss)
+    loss_spike = judge_loss and loss_verdict(state, float(loss), loss_rule)
     floored = False
     if early.enabled and state.count >= early.min_history:
         scale = max(np.float32(state.scale), np.float32(np.exp(ring_median(state.ring))))
@@ -141,6 +202,8 @@ def zclip_step(state: ZClipState, norm: float, *, warmup: int, alpha: float, z_t
             verdict = ZClipStep(*early_verdict(state.ring, norm, z_threshold, early))
             if floored:
                 verdict = ZClipStep(verdict.zscore, False, norm)
+        if loss_spike:  # the level: the warm-up's running mean so far (loss_count <= count, so >= 1 norm)
+            verdict = _loss_flagged(verdict, norm, sum(state.warm) / len(state.warm))
         state.warm.append(verdict.target)
         state.count += 1
         if state.count == warmup:
@@ -152,20 +215,36 @@ def zclip_step(state: ZClipState, norm: float, *, warmup: int, alpha: float, z_t
         z = (norm - state.mean) / (std + eps)
         spike = z > z_threshold and not floored
         effective = state.mean + (z_threshold * z_threshold / z) * std if spike else norm
-        state.count += 1
-        state.mean = alpha * state.mean + (1.0 - alpha) * effective
-        state.var = alpha * state.var + (1.0 - alpha) * (effective - state.mean) ** 2
         verdict = ZClipStep(z, spike, effective)
+        if loss_spike:
+            verdict = _loss_flagged(verdict, norm, state.mean)
+        state.count += 1
+        state.mean = alpha * state.mean + (1.0 - alpha) * verdict.target
+        state.var = alpha * state.var + (1.0 - alpha) * (verdict.target - state.mean) ** 2
     if early.enabled:
         logged = np.float32(np.log(np.float32(max(verdict.target, TINY_NORM))))
         state.ring = [*state.ring, logged][-early.window:]
+    if judge_loss:
+        state.loss_count += 1
+        state.loss_ring = [*state.loss_ring, np.float32(loss)][-loss_rule.window:]
     return verdict
 
 
+def _loss_flagged(verdict: ZClipStep, norm: float, level: float) -> ZClipStep:
+    """``verdict`` of a step the loss test flagged: a spike; when the norm tests did not flag it, its
+    target is ``min(norm, level)`` (the norm's running level: clipped to an ordinary step's size)."""
+    target = verdict.target if verdict.spike else min(norm, level)
+    return ZClipStep(verdict.zscore, True, target, True)
+
+
 def zclip_run(norms: list[float], *, warmup: int, alpha: float, z_threshold: float,
-              eps: float = 1e-6, early: EarlyRule | None = None) -> tuple[list[ZClipStep], ZClipState]:
-    """Run :func:`zclip_step` over ``norms``; returns the per-step verdicts and the final state."""
+              eps: float = 1e-6, early: EarlyRule | None = None, losses: list[float] | None = None,
+              loss_rule: LossRule | None = None) -> tuple[list[ZClipStep], ZClipState]:
+    """Run :func:`zclip_step` over ``norms`` (and each step's loss from ``losses``, when given);
+    returns the per-step verdicts and the final state."""
     state = ZClipState()
-    steps = [zclip_step(state, n, warmup=warmup, alpha=alpha, z_threshold=z_threshold, eps=eps, early=early)
-             for n in norms]
+    losses = [None] * len(norms) if losses is None else losses
+    steps = [zclip_step(state, n, warmup=warmup, alpha=alpha, z_threshold=z_threshold, eps=eps, early=early,
+                        loss=loss, loss_rule=loss_rule)
+             for n, loss in zip(norms, losses)]
     return steps, state

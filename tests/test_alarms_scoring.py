@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from benchmarks import alarms_rules as rules
 
 
@@ -71,3 +73,8 @@ def test_separability_marks_a_fault_that_only_the_loss_separates():
     assert fault["loss_ratio"] > 100 > 10 > worst["loss_ratio"]
     table = sep.render(result)
     assert "fault s/f@301 | no |" in table and table.count("(below)") == 2  # z and norm ratio, not the loss
+    # the detector's loss test, over its own ring: clean 4x (the hard batches), the fault 299x
+    loss_test = sep.analyse_loss_test([doc])
+    assert loss_test["worst_clean"] == pytest.approx(4.0)
+    assert loss_test["faults"][0]["ratio"] == pytest.approx(299.0)
+    assert "| fault s/f@301 | no | 299.00 |" in sep.render_loss_test(loss_test)

@@ -36,6 +36,11 @@ def test_two_rank_norms_identical_and_equal_full_batch_reference(tmp_path):
     assert ranks[0]["clipped"][-1] == 1.0
     for a, b in zip(ranks[0]["weights"], reference["weights"]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # the detector's loss test sees the ranks' mean loss (the same on both ranks), not each rank's own
+    assert ranks[0]["rank_losses"] != ranks[1]["rank_losses"]
+    assert ranks[0]["loss_ring"] == ranks[1]["loss_ring"]
+    np.testing.assert_allclose(ranks[0]["loss_ring"],
+                               0.5 * (np.array(ranks[0]["rank_losses"]) + ranks[1]["rank_losses"]), rtol=1e-6)
     # each rank's pre-reduction norm is its own shard's: different across ranks and from the global one
     assert ranks[0]["local_norms"] != ranks[1]["local_norms"]
     np.testing.assert_allclose(reference["local_norms"], reference["norms"], rtol=1e-6)

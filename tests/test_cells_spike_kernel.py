@@ -1,13 +1,14 @@
 """The fused spike-detector kernel (``cells/csrc/spike_detector.cc`` through
 ``gradmon.cells.spike_kernel``) against the numpy reference and against the stock-op update it replaces
-(series with non-finite steps, the ring's wrap-around, the warm-up's hand-over, the floor; with and
-without the early rule), in GRAPH and PYNATIVE, inside ``@ms.jit`` and in a real ``MonitoredTrainStep``;
-plus its constants, its errors and the fallbacks. (The hypothesis tests of ``test_cells_zclip.py``
-run both implementations too.)"""
+(series with non-finite steps, the ring's wrap-around, the warm-up's hand-over, the floor, loss-only
+spikes and the loss test's floor; with and without the early rule), in GRAPH and PYNATIVE, inside
+``@ms.jit`` and in a real ``MonitoredTrainStep``; plus its constants, its errors and the fallbacks. (The
+hypothesis tests of ``test_cells_zclip.py`` run both implementations too.)"""
 
 from __future__ import annotations
 
 import copy
+import json
 import re
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
-from gradmon.cells import MonitoredTrainStep, SpikeConfig
+from gradmon.cells import MonitoredTrainStep, MonitoredTrainStepWithLossScale, SpikeConfig
 from gradmon.cells import spike_kernel as K
 from gradmon.cells.fused_build import call_aot
 from gradmon.cells.spike import initial_state
@@ -25,6 +26,8 @@ from gradmon.cells.zclip_reference import zclip_run
 from mindspore import Parameter, Tensor, nn, ops
 
 from examples.models import MLP, with_loss
+from gradmon import LiveMonitor
+from gradmon.monitor.records import events_for_step, history_rows_to_steps
 from tests import parity_util
 
 # Only a missing compiler skips: a kernel that does not build or fails its self-test fails here.
@@ -61,6 +64,26 @@ def _series(name: str, seed: int = 0) -> list[float]:
     return [float(np.float32(v)) for v in norms]
 
 
+def _losses(name: str, seed: int = 0) -> list[float]:
+    """The 45 steps' losses: a falling loss with noise; x500 at step 15 (an ordinary norm: a loss-only
+    spike, in the early rule's warm-up for "early", after ZClip's for "zclip"), a NaN loss at step 30;
+    for "floor" the loss falls to ~1e-6 after step 12: its x500 at step 15 and x1000 at step 35 are
+    spared by the loss test's floor (under 0.01 x the run's loss scale ~2), and 0.5 at step 40 is a
+    spike (where the norm's own outlier is under the norm's floor)."""
+    rng = np.random.default_rng(seed + 100)
+    losses = list(2.0 * np.exp(-0.02 * np.arange(45)) * rng.lognormal(0.0, 0.1, 45))
+    losses[15] *= 500.0
+    losses[30] = float("nan")
+    if name == "floor":
+        losses[12:] = [v * 1e-6 for v in losses[12:]]
+        losses[35] = 1e-3
+        losses[40] = 0.5
+    return [float(np.float32(v)) for v in losses]
+
+
+LOSS_SPIKE_STEP = {"zclip": 15, "early": 15, "floor": 40}  # the one step the loss test flags
+
+
 class DetectorStep(nn.Cell):
     """The detector alone, as the step cell runs it: update, then one assign of the state."""
 
@@ -69,15 +92,17 @@ class DetectorStep(nn.Cell):
         self.detector = K.SpikeDetector(config, fused=fused)
         self.state = Parameter(Tensor(initial_state(config)), name="state", requires_grad=False)
 
-    def construct(self, norm):
-        zscore, spike, target, state = self.detector(norm, ops.isfinite(norm), self.state)
+    def construct(self, norm, loss):
+        zscore, spike, target, state, loss_spike = self.detector(norm, ops.isfinite(norm), self.state, loss)
         ops.assign(self.state, state)
-        return zscore, spike, target
+        return zscore, spike, target, loss_spike
 
 
-def _run(cell, norms: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows = [[o.asnumpy() for o in cell(Tensor(np.float32(v)))] for v in norms]
-    return tuple(np.array([r[i] for r in rows]) for i in range(3))
+def _run(cell, norms: list[float], losses: list[float]) -> tuple[np.ndarray, ...]:
+    """``(zscore, spike, target, loss_spike)`` per step."""
+    rows = [[o.asnumpy() for o in cell(Tensor(np.float32(v)), Tensor(np.float32(loss)))]
+            for v, loss in zip(norms, losses)]
+    return tuple(np.array([r[i] for r in rows]) for i in range(4))
 
 
 def test_available_here_and_deep_copies():
@@ -86,20 +111,27 @@ def test_available_here_and_deep_copies():
     config = SpikeConfig(mode="skip")
     twin = copy.deepcopy(K.SpikeDetector(config))  # Primitive's own deepcopy would re-call __init__ wrongly
     assert twin.fused
-    out = twin(Tensor(np.float32(2.0)), Tensor(True), Tensor(initial_state(config)))
+    out = twin(Tensor(np.float32(2.0)), Tensor(True), Tensor(initial_state(config)), Tensor(np.float32(3.0)))
     assert out[3].asnumpy()[:3].tolist() == [1.0, 2.0, 0.0]
+    assert out[3].asnumpy()[-18:-15].tolist() == [1.0, 0.0, 3.0]  # the loss test's count, scale, ring[0]
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_kernel_matches_the_reference(name):
     config = CONFIGS[name]
-    norms = _series(name)
-    zscore, spike, target = _run(DetectorStep(config, fused=True), norms)
+    norms, losses = _series(name), _losses(name)
+    zscore, spike, target, loss_spike = _run(DetectorStep(config, fused=True), norms, losses)
     ref, ref_state = zclip_run(norms, warmup=config.warmup, alpha=config.alpha,
-                               z_threshold=config.z_threshold, early=config.reference_rule())
+                               z_threshold=config.z_threshold, early=config.reference_rule(), losses=losses,
+                               loss_rule=config.reference_loss_rule())
     assert spike.tolist() == [s.spike for s in ref]
-    expected_flags = {"zclip": [6, 7, 20, 21, 40], "early": [6, 20, 40], "floor": [6, 38]}[name]
+    assert loss_spike.tolist() == [s.loss_spike for s in ref]
+    expected_flags = {"zclip": [6, 7, 15, 20, 21, 40], "early": [6, 15, 20, 40], "floor": [6, 38, 40]}[name]
     assert np.flatnonzero(spike).tolist() == expected_flags  # the series tests what it says
+    loss_step = LOSS_SPIKE_STEP[name]
+    assert np.flatnonzero(loss_spike).tolist() == [loss_step]  # "floor"'s steps 15 and 35 are spared
+    assert target[loss_step] <= norms[loss_step]  # clipped to the norm's running level, never up
+    assert ref_state.loss_count == sum(bool(np.isfinite(v) and np.isfinite(n)) for v, n in zip(losses, norms))
     np.testing.assert_allclose(zscore, [s.zscore for s in ref], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(target, [s.target for s in ref], rtol=1e-4, atol=1e-9)
     assert int(DetectorStep(config, fused=True).state.asnumpy()[0]) == 0
@@ -119,14 +151,17 @@ def test_kernel_matches_the_op_path(mode, name):
     ``float32(1 - alpha)``, the kernel's and PYNATIVE's), which moves the EMA's last bits after its
     warm-up. The kernel itself gives the same bits in both modes (and through ctypes)."""
     config = CONFIGS[name]
-    norms = _series(name)
+    norms, losses = _series(name), _losses(name)
     fused, stock = DetectorStep(config, fused=True), DetectorStep(config, fused=False)
     assert fused.detector.fused and not stock.detector.fused
-    got, want = _run(fused, norms), _run(stock, norms)
+    got, want = _run(fused, norms, losses), _run(stock, norms, losses)
     np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[3], want[3])
+    assert np.flatnonzero(got[3]).tolist() == [LOSS_SPIKE_STEP[name]]
     first_early = {"zclip": len(norms), "early": 6, "floor": 6}[name]
     exact = first_early if mode == "PYNATIVE" else min(first_early, config.warmup + 1)
-    for a, b, atol in zip(got, want, (1e-4, 0, 1e-12)):  # a z-score near 0 is a difference of near equals
+    # (a z-score near 0 is a difference of near equals)
+    for a, b, atol in zip(got[:3], want[:3], (1e-4, 0, 1e-12)):
         np.testing.assert_array_equal(a[:exact], b[:exact])  # bit for bit
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=atol)
     state, stock_state = fused.state.asnumpy(), stock.state.asnumpy()
@@ -134,9 +169,12 @@ def test_kernel_matches_the_op_path(mode, name):
         np.testing.assert_array_equal(state, stock_state)
     np.testing.assert_allclose(state, stock_state, rtol=2e-5, atol=1e-6)
     assert state[0] == len([v for v in norms if np.isfinite(v)])
-    direct = K._run_library(K.library_path(), config, norms)
-    np.testing.assert_array_equal(got[0], [z for z, _, _ in direct])
-    np.testing.assert_array_equal(got[2], [t for _, _, t in direct])
+    # the loss test's part of the state (count, scale, ring: no exp) is the same bits on both paths
+    np.testing.assert_array_equal(state[-18:], stock_state[-18:])
+    direct = K._run_library(K.library_path(), config, norms, losses)
+    np.testing.assert_array_equal(got[0], [z for z, _, _, _ in direct])
+    np.testing.assert_array_equal(got[2], [t for _, _, t, _ in direct])
+    np.testing.assert_array_equal(got[3], [flag for _, _, _, flag in direct])
 
 
 def test_inside_ms_jit():
@@ -145,18 +183,19 @@ def test_inside_ms_jit():
     assert detector.fused
 
     @ms.jit
-    def update(norm, state):
-        return detector(norm, ops.isfinite(norm), state)
+    def update(norm, state, loss):
+        return detector(norm, ops.isfinite(norm), state, loss)
 
-    norms = _series("early")[:12]
+    norms, losses = _series("early")[:17], _losses("early")[:17]
     state = Tensor(initial_state(config))
     flags = []
-    for v in norms:
-        _, spike, _, state = update(Tensor(np.float32(v)), state)
+    for v, loss in zip(norms, losses):
+        _, spike, _, state, _ = update(Tensor(np.float32(v)), state, Tensor(np.float32(loss)))
         flags.append(bool(spike.asnumpy()))
-    ref, _ = zclip_run(norms, warmup=config.warmup, alpha=config.alpha, z_threshold=config.z_threshold)
-    assert flags == [s.spike for s in ref] and flags[6]
-    assert state.asnumpy()[0] == 11  # one non-finite norm
+    ref, _ = zclip_run(norms, warmup=config.warmup, alpha=config.alpha, z_threshold=config.z_threshold,
+                       losses=losses)
+    assert flags == [s.spike for s in ref] and flags[6] and flags[15]
+    assert state.asnumpy()[0] == 16  # one non-finite norm
 
 
 LR = 0.01
@@ -207,6 +246,90 @@ def test_step_history_with_kernel_and_fallback(mode, spike_mode, monkeypatch):
     np.testing.assert_allclose(a.rows[finite], b.rows[finite], rtol=1e-4, atol=1e-7)
 
 
+class Regressor(nn.Cell):
+    """16 -> 16 -> 4 with an L1 loss: the loss's gradient is the sign of the error, so a batch with
+    corrupted targets has an ordinary gradient norm and a huge loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.SequentialCell(nn.Dense(16, 16), nn.ReLU(), nn.Dense(16, 4))
+        self.loss = nn.L1Loss()
+
+    def construct(self, x, y):
+        return self.loss(self.body(x), y)
+
+
+CORRUPT_STEP = 40
+
+
+def _regression_batch(i: int, true_w: np.ndarray) -> tuple[Tensor, Tensor]:
+    rng = np.random.default_rng(1000 + i)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    y = x @ true_w
+    if i + 1 == CORRUPT_STEP:  # a corrupted shard: targets off by +-1000
+        y = y + 1000.0 * rng.choice([-1.0, 1.0], y.shape)
+    return Tensor(x), Tensor(y.astype(np.float32))
+
+
+@pytest.mark.parametrize(("mode", "kind"), [("GRAPH", "plain"), ("PYNATIVE", "plain"),
+                                            ("GRAPH", "loss_scale"), ("GRAPH", "accumulate")],
+                         indirect=["mode"])
+def test_a_huge_loss_with_an_ordinary_norm_is_skipped(mode, kind, tmp_path):
+    """A real step cell, spike_mode="skip", the defaults otherwise: the corrupted batch at step 40
+    moves the loss ~1000x and the norm barely (the norm tests do not flag it); the loss test does, the
+    step is skipped (weights unchanged), no other step is flagged, and the ring's spike column says
+    the loss tripped it (2), which the monitor's decoding turns into ``spike_reason: "loss"``. Under
+    loss scaling the detector sees the unscaled loss; under accumulation the micro-batches' mean."""
+    ms.set_seed(0)
+    net = Regressor()
+    opt = nn.Adam(net.trainable_params(), 1e-2)
+    if kind == "loss_scale":
+        step = MonitoredTrainStepWithLossScale(net, opt, Tensor(np.float32(1024.0)), spike_mode="skip")
+    else:
+        step = MonitoredTrainStep(net, opt, spike_mode="skip",
+                                  grad_accum_steps=2 if kind == "accumulate" else 1)
+    true_w = np.random.default_rng(7).standard_normal((16, 4)).astype(np.float32)
+    micro = 2 if kind == "accumulate" else 1
+    log = tmp_path / "metrics.jsonl"
+    monitor = LiveMonitor(str(log), log_interval=16).attach(step)
+    before = None
+    for i in range(CORRUPT_STEP + 8):
+        if i + 1 == CORRUPT_STEP:
+            before = [p.asnumpy().copy() for p in net.trainable_params()]
+        for m in range(micro):  # under accumulation the corrupted batch is the step's 2nd micro-batch
+            monitor.after_step(step(*_regression_batch(i if m == micro - 1 else 500 + i, true_w))[:2])
+        if i + 1 == CORRUPT_STEP:
+            after = [p.asnumpy() for p in net.trainable_params()]
+            assert all(np.array_equal(a, b) for a, b in zip(before, after))  # skipped: bit-identical
+    snap = step.gradmon_read_history()
+    spike = snap.column("spike")
+    assert np.flatnonzero(spike).tolist() == [CORRUPT_STEP - 1]
+    assert spike[CORRUPT_STEP - 1] == 2.0 and snap.column("skipped")[CORRUPT_STEP - 1] == 1.0
+    assert snap.counters["spikes"] == 1 and snap.counters["skipped"] == 1
+    losses, norms = snap.column("loss"), snap.column("grad_norm")
+    recent = slice(CORRUPT_STEP - 17, CORRUPT_STEP - 1)
+    assert losses[CORRUPT_STEP - 1] > 150 * np.median(losses[recent])
+    assert norms[CORRUPT_STEP - 1] < 4 * np.median(norms[recent])  # under the early rule's least ratio
+    # the detector's loss ring holds the losses the history shows (unscaled; the micro-batches' mean)
+    ring = step.spike_state.asnumpy()[-16:]
+    np.testing.assert_array_equal(np.sort(ring), np.sort(losses[-16:].astype(np.float32)))
+    steps, _ = history_rows_to_steps(snap.fields, snap.rows, snap.total_steps, current_step=snap.total_steps,
+                                     after_step=0)
+    record = {"step": CORRUPT_STEP, **steps[CORRUPT_STEP - 1][1]}
+    assert record["spike"] is True and record["spike_reason"] == "loss"
+    assert not any("spike_reason" in fields for n, fields in steps if n != CORRUPT_STEP)
+    event = next(e for e in events_for_step(record, ts=0.0) if e["kind"] == "spike")
+    assert event["spike_reason"] == "loss" and event["message"].startswith("loss spike")
+    # and what LiveMonitor wrote: the step record and its spike event say the loss tripped it
+    monitor.close()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    flagged = [r for r in lines if r.get("type") == "step" and r.get("spike")]
+    assert [(r["step"], r.get("spike_reason"), r.get("skip_reason")) for r in flagged] == [
+        (CORRUPT_STEP, "loss", "spike")]
+    spike_events = [e for e in lines if e.get("kind") == "spike"]
+    assert [(e["step"], e["spike_reason"]) for e in spike_events] == [(CORRUPT_STEP, "loss")]
+
+
 @pytest.mark.parametrize("switch", ["GRADMON_FUSED_NORM", "GRADMON_FUSED_DETECTOR"])
 def test_switches_select_the_op_path(switch, monkeypatch):
     monkeypatch.setenv(switch, "0")
@@ -239,14 +362,17 @@ def test_a_build_failure_warns_once_and_falls_back(monkeypatch, tmp_path):
 
 def test_params_come_from_the_config_in_the_kernels_order():
     config = SpikeConfig(mode="skip", warmup=77, alpha=0.95, z_threshold=4.5, early_window=9, early_min=6,
-                         early_z=2.5, early_min_ratio=3.0, early_max_ratio=12.0, floor=0.25)
+                         early_z=2.5, early_min_ratio=3.0, early_max_ratio=12.0, floor=0.25, loss_window=7,
+                         loss_min=3, loss_ratio=40.0, loss_floor=0.125)
     got = dict(zip(K.PARAM_NAMES, K.kernel_params(config).tolist()))
     expected = {"warmup": 77, "one_minus_alpha": np.float32(1.0 - 0.95), "z": 4.5, "z_squared": 20.25,
                 "eps": np.float32(1e-6), "tiny": np.float32(1e-30), "window": 9, "early_min": 6,
                 "early_z": np.float32(2.5 * 1.4826), "log_lo": np.float32(np.log(3.0)),
-                "log_hi": np.float32(np.log(12.0)), "floor": 0.25}
+                "log_hi": np.float32(np.log(12.0)), "floor": 0.25, "loss_window": 7, "loss_min": 3,
+                "loss_ratio": 40.0, "loss_floor": 0.125}
     assert got == pytest.approx({k: float(v) for k, v in expected.items()}, rel=0, abs=0)
     assert K.kernel_params(SpikeConfig(early_window=0))[K.PARAM_NAMES.index("window")] == 0
+    assert K.kernel_params(SpikeConfig(loss_window=0))[K.PARAM_NAMES.index("loss_window")] == 0
     # the C++ reads them by an enum in the same order
     source = Path(K.SOURCE).read_text()
     enum = re.findall(r"^\s+kParam(\w+)", source.split("enum Param {")[1].split("};")[0], re.M)
@@ -258,19 +384,24 @@ def test_kernel_refuses_inconsistent_inputs():
     library = K.library_path()
     config = SpikeConfig(mode="skip")
     params, state = K.kernel_params(config), initial_state(config)
-    outs = [np.zeros((), np.float32), np.zeros((), np.bool_), np.zeros((), np.float32), np.zeros_like(state)]
+    outs = [np.zeros((), np.float32), np.zeros((), np.bool_), np.zeros((), np.float32), np.zeros_like(state),
+            np.zeros((), np.bool_)]
     norm, finite = np.array(1.0, np.float32), np.array(True)
-    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, state, params], outs) == 0
-    short = np.zeros(3, np.float32)  # a ZClip-only state under an early-rule config
-    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, short, params],
-                    [*outs[:3], np.zeros(3, np.float32)]) == 4
-    assert call_aot(library, "GradmonSpikeUpdate", [norm, norm, state, params], outs) == 2
-    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, state, params[:-1]], outs) == 3
+    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, norm, state, params], outs) == 0
+    for short in (np.zeros(3, np.float32), state[:-18]):  # no early ring; no loss ring
+        assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, norm, short, params],
+                        [*outs[:3], np.zeros_like(short), outs[4]]) == 4
+    assert call_aot(library, "GradmonSpikeUpdate", [norm, norm, norm, state, params], outs) == 2
+    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, norm, state, params[:-1]], outs) == 3
+    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, state, params], outs[:4]) == 1
     detector = K.SpikeDetector(config, fused=True)
+    one = Tensor(np.float32(1.0))
     with pytest.raises(TypeError, match="finite must be Bool"):
-        detector(Tensor(np.float32(1.0)), Tensor(np.float32(1.0)), Tensor(state))
+        detector(one, one, Tensor(state), one)
     with pytest.raises(TypeError, match="norm must have shape"):
-        detector(Tensor(np.ones(2, np.float32)), Tensor(True), Tensor(state))
+        detector(Tensor(np.ones(2, np.float32)), Tensor(True), Tensor(state), one)
+    with pytest.raises(TypeError, match="loss must have shape"):
+        detector(one, Tensor(True), Tensor(state), Tensor(np.ones(2, np.float32)))
 
 
 def test_benchmark_smoke_times_both_paths():

@@ -152,25 +152,32 @@ def _kernel_or_skip():
 IMPLS = ["ops", pytest.param("kernel", marks=_kernel_or_skip())]
 
 
-def _device_run(norms, warmup, alpha, z_thr, config: SpikeConfig | None = None, impl: str = "ops"):
-    config = config or SpikeConfig(early_window=0)
+def _device_run(norms, warmup, alpha, z_thr, config: SpikeConfig | None = None, impl: str = "ops",
+                losses=None):
+    """The device update over ``norms`` (and ``losses``: the loss test's input, 0 when not given):
+    per step ``(zscore, spike, target, loss_spike)``, and ``(count, mean, var, scale, early ring,
+    loss part)`` of the final state."""
+    config = config or SpikeConfig(early_window=0, loss_window=0)
     state = Tensor(initial_state(config))
+    losses = [0.0] * len(norms) if losses is None else losses
     update = None
     if impl == "kernel":
         update = SpikeDetector(replace(config, warmup=warmup, alpha=alpha, z_threshold=z_thr), fused=True)
     out = []
-    for v in norms:
-        norm = Tensor(np.float32(v))
+    for v, loss_value in zip(norms, losses):
+        norm, loss = Tensor(np.float32(v)), Tensor(np.float32(loss_value))
         finite = Tensor(bool(np.isfinite(v)))
         if update is None:
-            z, spike, target, state = zclip_update(norm, finite, state, warmup, alpha, z_thr,
-                                                   config.early_rule())
+            z, spike, target, state, loss_spike = zclip_update(norm, finite, state, warmup, alpha, z_thr,
+                                                               config.early_rule(), loss, config.loss_rule())
         else:
-            z, spike, target, state = update(norm, finite, state)
-        out.append((float(z.asnumpy()), bool(spike.asnumpy()), float(target.asnumpy())))
+            z, spike, target, state, loss_spike = update(norm, finite, state, loss)
+        out.append((float(z.asnumpy()), bool(spike.asnumpy()), float(target.asnumpy()),
+                    bool(loss_spike.asnumpy())))
     values = state.asnumpy()
     count, mean, var = values[:3].tolist()
-    return out, (int(count), mean, var, values[3:4], values[4:])
+    end = len(values) - (2 + config.loss_window if config.loss_window else 0)
+    return out, (int(count), mean, var, values[3:4], values[4:end], values[end:])
 
 
 norm_values = st.one_of(
@@ -187,8 +194,8 @@ def test_device_update_matches_reference(impl, norms, warmup, alpha, z_thr):
     norms = [float(np.float32(v)) for v in norms]
     ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=alpha, z_threshold=z_thr,
                                      early=NO_EARLY_RULE)
-    dev_steps, (count, mean, var, _, _) = _device_run(norms, warmup, alpha, z_thr, impl=impl)
-    for ref, (z, spike, target), v in zip(ref_steps, dev_steps, norms):
+    dev_steps, (count, mean, var, _, _, _) = _device_run(norms, warmup, alpha, z_thr, impl=impl)
+    for ref, (z, spike, target, _), v in zip(ref_steps, dev_steps, norms):
         if not math.isfinite(v):
             assert z == 0.0 and not spike
             continue
@@ -224,14 +231,14 @@ early_norms = st.one_of(
        floor=st.sampled_from([0.0, 0.01, 0.5]))
 def test_device_early_rule_matches_reference(impl, norms, warmup, window, ratios, floor):
     config = SpikeConfig(early_window=window, early_min_ratio=ratios[0], early_max_ratio=ratios[1],
-                         floor=floor)
+                         floor=floor, loss_window=0)
     norms = [float(np.float32(v)) for v in norms]
     ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=config.alpha, z_threshold=config.z_threshold,
                                      early=config.reference_rule())
-    dev_steps, (count, _, _, scale, ring) = _device_run(norms, warmup, config.alpha, config.z_threshold,
-                                                        config, impl)
+    dev_steps, (count, _, _, scale, ring, _) = _device_run(norms, warmup, config.alpha, config.z_threshold,
+                                                           config, impl)
     agree = True
-    for ref, (z, spike, target) in zip(ref_steps, dev_steps):
+    for ref, (z, spike, target, _) in zip(ref_steps, dev_steps):
         # float32 log on device and in numpy may differ by an ulp: a verdict at the threshold may differ
         if abs(ref.zscore - config.z_threshold) > 1e-4 * max(1.0, abs(ref.zscore)):
             assert spike == ref.spike
@@ -247,10 +254,81 @@ def test_device_early_rule_matches_reference(impl, norms, warmup, window, ratios
         np.testing.assert_allclose(scale, [ref_state.scale], rtol=1e-4)  # float32 exp of a log near -69
 
 
+loss_values = st.one_of(
+    st.floats(0.5, 3.0, allow_nan=False, allow_infinity=False, width=32),
+    st.sampled_from([math.nan, math.inf, 0.0, -1.0, 1e-7, 400.0, 1e6]),
+)
+
+
+@settings(max_examples=12, deadline=None)
+@given(steps=st.lists(st.tuples(early_norms, loss_values), min_size=1, max_size=16),
+       warmup=st.integers(2, 12), window=st.sampled_from([1, 3, 16]), min_history=st.integers(1, 4),
+       ratio=st.sampled_from([2.0, 150.0]), floor=st.sampled_from([0.0, 0.01, 0.5]))
+def test_device_loss_test_matches_reference_and_kernel_equals_op_path(steps, warmup, window, min_history,
+                                                                      ratio, floor):
+    """The loss test: the op path and the kernel give the same bits (flags, targets, the whole state;
+    no early rule, so no exp), and the reference's verdicts, loss ring and loss scale."""
+    config = SpikeConfig(mode="detect", warmup=warmup, early_window=0, loss_window=window,
+                         loss_min=min_history, loss_ratio=ratio, loss_floor=floor)
+    norms = [float(np.float32(n)) for n, _ in steps]
+    losses = [float(np.float32(loss)) for _, loss in steps]
+    ops_steps, ops_state = _device_run(norms, warmup, config.alpha, config.z_threshold, config, "ops", losses)
+    ker_steps, ker_state = _device_run(norms, warmup, config.alpha, config.z_threshold, config, "kernel",
+                                       losses)
+    assert ops_steps == ker_steps or all(  # NaN targets compare unequal as floats
+        a[1:2] + a[3:] == b[1:2] + b[3:] and np.array_equal(a[::2], b[::2], equal_nan=True)
+        for a, b in zip(ops_steps, ker_steps))
+    for a, b in zip(ops_state[3:], ker_state[3:]):
+        np.testing.assert_array_equal(a, b)
+    assert ops_state[:3] == ker_state[:3]
+    ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=config.alpha,
+                                     z_threshold=config.z_threshold, early=NO_EARLY_RULE, losses=losses,
+                                     loss_rule=config.reference_loss_rule())
+    assert [s.loss_spike for s in ref_steps] == [d[3] for d in ker_steps]
+    assert all(s.spike >= s.loss_spike for s in ref_steps)
+    count, scale, ring = ker_state[5][0], ker_state[5][1], ker_state[5][2:]
+    assert count == ref_state.loss_count
+    np.testing.assert_array_equal(sorted(ring[:min(int(count), window)]), sorted(ref_state.loss_ring))
+    assert scale == np.float32(ref_state.loss_scale)
+
+
+def test_loss_test_needs_the_loss_and_validates():
+    state = Tensor(initial_state(SpikeConfig()))
+    with pytest.raises(ValueError, match="needs the step's loss"):
+        zclip_update(Tensor(np.float32(1.0)), Tensor(True), state, 10, 0.99, 7.5, SpikeConfig().early_rule(),
+                     None, SpikeConfig().loss_rule())
+    for bad in ({"loss_window": -1}, {"loss_min": 0}, {"loss_ratio": 0.0}, {"loss_ratio": math.inf},
+                {"loss_floor": -0.1}):
+        with pytest.raises(ValueError, match="spike_loss"):
+            SpikeConfig(**bad)
+
+
+def test_reference_loss_test_flags_the_loss_the_norm_misses():
+    """A loss 400x its recent median with an ordinary norm: a spike, clipped to the norm's level; a
+    converged run's 1000x at loss 1e-7 is under the floor; with the default ratio 150 a 79x loss
+    (the suite's largest clean one) is not a spike."""
+    norms = [1.0 + 0.05 * (i % 3) for i in range(30)]
+    losses = [2.0 - 0.01 * i for i in range(30)]
+    for at, factor, expected in ((20, 400.0, True), (20, 79.0, False)):
+        bumped = list(losses)
+        bumped[at] *= factor
+        steps, _ = zclip_run(norms, warmup=10, alpha=0.9, z_threshold=7.5, losses=bumped)
+        assert [s.loss_spike for s in steps] == [i == at and expected for i in range(30)]
+        assert steps[at].spike == expected and steps[at].zscore < 7.5
+        if expected:
+            assert steps[at].target <= norms[at]
+    converged = [2.0] * 10 + [1e-7] * 20
+    converged[25] = 1e-4
+    steps, state = zclip_run(norms, warmup=10, alpha=0.9, z_threshold=7.5, losses=converged)
+    assert not any(s.spike for s in steps) and state.loss_scale == pytest.approx(2.0)
+
+
 def test_state_shape_follows_the_early_window():
-    assert initial_state(SpikeConfig()).shape == (4 + SpikeConfig().early_window,)
-    off = SpikeConfig(early_window=0)
-    assert initial_state(off).shape == (3,) and off.early_rule() == ()
+    d = SpikeConfig()
+    assert initial_state(d).shape == (4 + d.early_window + 2 + d.loss_window,)
+    off = SpikeConfig(early_window=0, loss_window=0)
+    assert initial_state(off).shape == (3,) and off.early_rule() == () and off.loss_rule() == ()
+    assert initial_state(SpikeConfig(early_window=0)).shape == (3 + 2 + d.loss_window,)
 
 
 # --------------------------------------------------------------------------------- ring unroll

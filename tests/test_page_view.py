@@ -223,13 +223,59 @@ def test_opening_asks_for_the_list_and_each_shown_history_once(logdir: Path, pag
             histories = sorted(u.split("/")[1] for u in api if "/history" in u)
             assert len(lists) == 1, api
             assert histories == sorted(shown), api  # one each, none for a run the list lacks
-            # as many points as the page asks for before its charts exist: two per pixel of the width
-            # a card gets in the laid-out grid (not the 900 px assumed before layout)
-            points = page.eval("""(() => { const L = window.GradmonLib, w = document.getElementById('charts');
-                return L.historyPoints(L.chartWidthIn(w.clientWidth), NaN) })()""")
-            assert points != page.eval("GradmonLib.historyPoints(GradmonLib.chartWidthIn(0), NaN)")
+            # as many points as the page asks for before its charts exist: what the charts draw per
+            # pixel of the width a card gets in the laid-out grid (not the 900 px assumed before
+            # layout), one per pixel for each of several runs
+            width = page.eval("GradmonLib.chartWidthIn(document.getElementById('charts').clientWidth)")
+            points = page.eval("([w, n]) => window.GradmonLib.historyPoints(w, NaN, n)", [width, len(shown)])
+            assert points == width
+            assert points != page.eval("GradmonLib.historyPoints(GradmonLib.chartWidthIn(0), NaN, 2)")
             assert all(f"points={points}" in u for u in api if "/history" in u), (points, api)
             assert page.eval("window.GradmonEarly") is None  # taken by the page
             assert page.eval("window.gradmon.state.fetches") == 1  # the list only: its histories came early
             assert page.eval("window.gradmon.selected()") == (shown if query == "" else ["r0", "gone", "r2"])
+    assert page.errors == []
+
+
+
+def test_an_axis_whose_type_changes_keeps_the_theme_colours(logdir: Path, page: Page) -> None:
+    # ECharts drops an axis's options when its type changes (value to log): the page gives the
+    # theme's axis styles with every draw, so a log axis is not drawn in ECharts' default colours.
+    three_runs(logdir)
+    with start_server(logdir, "127.0.0.1", port=0) as server:
+        page.page.goto(server.url + "?log=grad_norm")
+        page.ready(3)
+        css = page.eval("""(() => { const s = getComputedStyle(document.documentElement);
+            return [s.getPropertyValue('--muted').trim(), s.getPropertyValue('--grid').trim()] })()""")
+        axis = """((id) => { const y = window.gradmon.board.panels.get(id).chart.getOption().yAxis[0];
+            return [y.type, y.axisLabel.color, y.splitLine.lineStyle.color] })"""
+        assert page.eval(axis + "('grad_norm')") == ["log", *css]  # log at its first draw
+        page.page.locator(".chart-card[data-panel='loss'] select.yscale").select_option("log")
+        page.settled()
+        assert page.eval(axis + "('loss')") == ["log", *css]  # and after a change
+        page.page.locator(".chart-card[data-panel='loss'] select.yscale").select_option("linear")
+        page.settled()
+        assert page.eval(axis + "('loss')") == ["value", *css]
+    assert page.errors == []
+
+
+def test_a_run_left_alone_on_its_charts_is_fetched_again_at_two_points_per_pixel(logdir: Path,
+                                                                                    page: Page) -> None:
+    # Several runs share a chart at one point per pixel each, a run drawn alone gets two
+    # (lib/opening.js): unticking the other run asks for the one left at twice the points.
+    for k in range(2):
+        append(logdir / f"r{k}" / "metrics.jsonl",
+               [header(t0=T0 + k)] + [step(s, t0=T0 + k) for s in range(1, 3001)])
+    with start_server(logdir, "127.0.0.1", port=0) as server:
+        page.page.goto(server.url)
+        page.ready(2)
+        width = page.eval("window.gradmon.board.chartWidth()")
+        asked = lambda: [int(u.split("points=")[1].split("&")[0]) for u in page.requests  # noqa: E731
+                         if "/api/runs/r1/history" in u]
+        assert len(asked()) == 1 and abs(asked()[0] - width) <= 4  # (before layout: the grid's estimate)
+        page.page.locator("#runs-table tr[data-run='r0'] input[type=checkbox]").uncheck()
+        page.wait("window.gradmon.selected().length === 1 && window.gradmon.loaded().includes('r1')")
+        page.settled()
+        assert asked()[1:] == [2 * width]
+        assert page.eval("window.gradmon.drawnRuns('loss')") == 1
     assert page.errors == []

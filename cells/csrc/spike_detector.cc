@@ -1,7 +1,8 @@
 // The spike detector's whole update in one MindSpore ops.Custom(func_type="aot") CPU kernel
 // (gradmon.cells.spike_kernel). It computes what gradmon.cells.spike.zclip_update computes with ~75
 // small stock kernels: ZClip's EMA z-score, the Welford warm-up, the early median/MAD rule over the
-// ring of log-norms, the run's scale and floor, and the ring write.
+// ring of log-norms, the run's scale and floor, the ring write, and the loss test (the loss over the
+// median of a ring of recent losses, with the run's loss scale as a floor).
 //
 // Every quantity is float32 and every operation is the op path's, in its order (a + b * c / d reads
 // as there); the one difference is exp, which is libm's expf here and a polynomial approximation in
@@ -11,9 +12,11 @@
 //
 // Signature (the aot ABI): int f(int nparam, void **params, int *ndims, int64_t **shapes,
 // const char **dtypes, void *stream, void *extra), inputs first, then outputs. Inputs: norm (float32,
-// 1 element), finite (bool, 1 element), state (float32 [3] without the early rule, [4 + window] with
-// it), params (float32 [kParamCount]). Outputs: zscore (float32), spike (bool), target (float32),
-// new_state (float32, the state's shape). A non-zero return makes MindSpore raise.
+// 1 element), finite (bool, 1 element), loss (float32, 1 element; read only with the loss test),
+// state (float32: [3] without the early rule, [4 + window] with it, then [2 + loss_window] with the
+// loss test), params (float32 [kParamCount]). Outputs: zscore (float32), spike (bool), target
+// (float32), new_state (float32, the state's shape), loss_spike (bool). A non-zero return makes
+// MindSpore raise.
 
 #include <cmath>
 #include <cstdint>
@@ -21,7 +24,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;
 constexpr int kMaxWindow = 4096;  // a sanity bound on the ring (SpikeConfig's default is 16)
 
 // The params input, float32 each.
@@ -38,6 +41,10 @@ enum Param {
   kParamLogLo,          // log(early_min_ratio)
   kParamLogHi,          // log(early_max_ratio)
   kParamFloor,          // no spike at or below floor * scale
+  kParamLossWindow,     // loss ring length; 0: no loss test
+  kParamLossMin,        // finite losses before the loss test judges
+  kParamLossRatio,      // a loss spike is more than ratio * |median| above the median ...
+  kParamLossFloor,      // ... and more than floor * the run's loss scale
   kParamCount
 };
 
@@ -70,6 +77,14 @@ float MedianOfSorted(const float *v, float n) {
   return lo == hi ? v[lo] : v[lo] * 0.5f + v[hi] * 0.5f;
 }
 
+// The median of the first n (as a float) slots of ring, sorted into `scratch`.
+float MedianOfFirst(const float *ring, float n, float *scratch) {
+  const int filled = static_cast<int>(n);
+  std::memcpy(scratch, ring, sizeof(float) * filled);
+  SortAscending(scratch, filled);
+  return MedianOfSorted(scratch, n);
+}
+
 }  // namespace
 
 extern "C" {
@@ -78,26 +93,34 @@ int GradmonSpikeDetectorAbi() { return kAbiVersion; }
 
 int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                        void *) {
-  if (nparam != 8) return 1;
+  if (nparam != 10) return 1;
+  // Inputs 0-4, outputs 5-9.
   if (!IsF32(dtypes[0]) || !Is(dtypes[1], "bool") || !IsF32(dtypes[2]) || !IsF32(dtypes[3]) ||
-      !IsF32(dtypes[4]) || !Is(dtypes[5], "bool") || !IsF32(dtypes[6]) || !IsF32(dtypes[7])) {
+      !IsF32(dtypes[4]) || !IsF32(dtypes[5]) || !Is(dtypes[6], "bool") || !IsF32(dtypes[7]) ||
+      !IsF32(dtypes[8]) || !Is(dtypes[9], "bool")) {
     return 2;
   }
-  const int64_t size = Elements(ndims[2], shapes[2]);
+  const int64_t size = Elements(ndims[3], shapes[3]);
   if (Elements(ndims[0], shapes[0]) != 1 || Elements(ndims[1], shapes[1]) != 1 ||
-      Elements(ndims[3], shapes[3]) != kParamCount || Elements(ndims[7], shapes[7]) != size) {
+      Elements(ndims[2], shapes[2]) != 1 || Elements(ndims[4], shapes[4]) != kParamCount ||
+      Elements(ndims[8], shapes[8]) != size) {
     return 3;
   }
-  const float *p = static_cast<const float *>(params[3]);
+  const float *p = static_cast<const float *>(params[4]);
   const float window_f = p[kParamWindow];
   const int window = static_cast<int>(window_f);
-  if (window < 0 || window > kMaxWindow || static_cast<float>(window) != window_f ||
-      size != (window > 0 ? 4 + window : 3)) {
+  const float loss_window_f = p[kParamLossWindow];
+  const int loss_window = static_cast<int>(loss_window_f);
+  const int norm_size = window > 0 ? 4 + window : 3;
+  if (window < 0 || window > kMaxWindow || static_cast<float>(window) != window_f || loss_window < 0 ||
+      loss_window > kMaxWindow || static_cast<float>(loss_window) != loss_window_f ||
+      size != norm_size + (loss_window > 0 ? 2 + loss_window : 0)) {
     return 4;
   }
   const float norm = *static_cast<const float *>(params[0]);
   const bool finite = *static_cast<const bool *>(params[1]);
-  const float *state = static_cast<const float *>(params[2]);
+  const float loss = *static_cast<const float *>(params[2]);
+  const float *state = static_cast<const float *>(params[3]);
   const float count = state[0], mean = state[1], var = state[2];
 
   // ZClip after the warm-up, with the statistics before this step.
@@ -119,9 +142,7 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
       const float n = Min(count, window_f);  // the ring fills slot by slot from slot 0
       const int filled = static_cast<int>(n);
       float sorted[kMaxWindow];
-      std::memcpy(sorted, ring, sizeof(float) * filled);
-      SortAscending(sorted, filled);
-      const float med = MedianOfSorted(sorted, n);
+      const float med = MedianOfFirst(ring, n, sorted);
       for (int i = 0; i < filled; ++i) sorted[i] = std::fabs(ring[i] - med);
       SortAscending(sorted, filled);
       const float mad = MedianOfSorted(sorted, n);
@@ -144,14 +165,30 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
     }
   }
 
-  float *new_state = static_cast<float *>(params[7]);
+  // The loss test, on finite steps with a finite loss, from the loss_min-th such loss on.
+  bool loss_spike = false;
+  const bool loss_ok = loss_window > 0 && finite && std::isfinite(loss);
+  const float loss_count = loss_window > 0 ? state[norm_size] : 0.0f;
+  float loss_scale = loss_window > 0 ? state[norm_size + 1] : 0.0f;
+  if (loss_ok && loss_count >= p[kParamLossMin]) {
+    float sorted[kMaxWindow];
+    const float med = MedianOfFirst(state + norm_size + 2, Min(loss_count, loss_window_f), sorted);
+    const float size_med = std::fabs(med);
+    loss_scale = Max(loss_scale, size_med);
+    const float dev = loss - med;
+    loss_spike = dev > p[kParamLossRatio] * size_med && dev > p[kParamLossFloor] * loss_scale;
+    if (loss_spike && !spike) target = Min(norm, mean);  // clipped to the norm's running level
+    spike = spike || loss_spike;
+  }
+
+  float *new_state = static_cast<float *>(params[8]);
+  if (new_state != state) std::memcpy(new_state, state, sizeof(float) * size);
   if (finite) {
     const float weight = in_warmup ? 1.0f / (count + 1.0f) : p[kParamOneMinusAlpha];
     const float delta = target - mean;
     const float new_mean = mean + weight * delta;
     const float err = target - new_mean;
     const float new_var = var + weight * (err * (in_warmup ? delta : err) - var);
-    if (new_state != state) std::memcpy(new_state, state, sizeof(float) * size);
     new_state[0] = count + 1.0f;
     new_state[1] = new_mean;
     new_state[2] = new_var;
@@ -164,12 +201,20 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
         new_state[4 + index] = std::log(Max(target, p[kParamTiny]));
       }
     }
-  } else if (new_state != state) {
-    std::memcpy(new_state, state, sizeof(float) * size);
   }
-  *static_cast<float *>(params[4]) = zscore;
-  *static_cast<bool *>(params[5]) = spike;
-  *static_cast<float *>(params[6]) = target;
+  if (loss_ok) {
+    new_state[norm_size] = loss_count + 1.0f;
+    new_state[norm_size + 1] = loss_scale;
+    const float slot = loss_count - std::floor(loss_count / loss_window_f) * loss_window_f;
+    const int index = static_cast<int>(slot);
+    if (slot >= 0.0f && slot < loss_window_f && static_cast<float>(index) == slot) {
+      new_state[norm_size + 2 + index] = loss;
+    }
+  }
+  *static_cast<float *>(params[5]) = zscore;
+  *static_cast<bool *>(params[6]) = spike;
+  *static_cast<float *>(params[7]) = target;
+  *static_cast<bool *>(params[9]) = loss_spike;
   return 0;
 }
 

@@ -62,7 +62,7 @@ function loadFeed(client, early) {
 }
 
 /** A page opened on `named` runs (null: the default view) with `smoothing`, as main.js wires it. */
-function openPage(named, smoothing, early) {
+function openPage(named, smoothing, early, historyPoints) {
   const client = new FakeClient();
   const Feed = loadFeed(client, early);
   const state = { mode: "live", runs: new Map(), streams: new Map(), runsInfo: new Map(), fetches: 0 };
@@ -77,7 +77,7 @@ function openPage(named, smoothing, early) {
       for (const n of shown) if (state.runsInfo.has(n)) feed.follow(n);
     },
     notice: (text) => notices.push(text),
-    historyPoints: () => 1200,
+    historyPoints: historyPoints || (() => 1200),
     namedRuns: () => named,
     smoothing: () => smoothing,
     xMode: () => "step",
@@ -243,4 +243,28 @@ test("a run list boot/early.js could not get is a notice, as the page's own woul
   await started;
   assert.deepEqual(notices, ["Could not list runs: HTTP 500"]);
   assert.ok(client.connected); // the stream's hello lists the runs later
+});
+
+test("a run fetched while others shared its charts is fetched again at twice the points when it is shown alone", async () => {
+  // lib/opening.js: one point per pixel for each of several runs, two for a run drawn alone.
+  let shown = 2;
+  const { client, feed, state, started } = openPage(null, 0, null, () => (shown > 1 ? 430 : 860));
+  client.answer("runs", { runs: [{ name: "a", records: 20000 }, { name: "b", records: 20000 }, { name: "tiny", records: 3 }] });
+  await started;
+  await settle();
+  for (const n of ["a", "b", "tiny"]) client.answer("history " + n + " 430", Object.assign({}, HISTORY, { run: n, exact: n === "tiny" }));
+  await settle();
+  feed.selectionChanged(); // nothing changed: nothing asked
+  assert.deepEqual(client.log.slice(4), []);
+  shown = 1;
+  feed.unfollow("b");
+  feed.selectionChanged();
+  await settle();
+  // "a" again at 860; "tiny" holds every step already (exact); "b" is no longer followed
+  assert.deepEqual(client.log.slice(4), ["history a 860"]);
+  client.answer("history a 860", HISTORY);
+  await settle();
+  assert.ok(!state.streams.get("a").loading);
+  feed.selectionChanged(); // asked for as many as it needs now: not again
+  assert.deepEqual(client.log.slice(4), ["history a 860"]);
 });

@@ -12,12 +12,17 @@ test("chart width in the grid: 440 px columns with 12 px gaps, less the card's p
   assert.equal(O.chartWidthIn(100), 240); // never narrower than 240
 });
 
-test("history points: the URL's points=N (N >= 4), else two per pixel within [200, 8000]", () => {
+test("history points: the URL's points=N (N >= 4), else what the charts draw per pixel, within [200, 8000]", () => {
   assert.equal(O.historyPoints(432, NaN), 864);
   assert.equal(O.historyPoints(50, NaN), 200);
   assert.equal(O.historyPoints(9000, NaN), 8000);
   assert.equal(O.historyPoints(432, 5000.4), 5000);
   assert.equal(O.historyPoints(432, 3), 864); // too few to draw: ignored
+  // what the charts draw: two points per pixel for one run, one each for several
+  assert.equal(O.historyPoints(432, NaN, 1), 864);
+  assert.equal(O.historyPoints(432, NaN, 4), 432);
+  assert.equal(O.historyPoints(432, 5000, 4), 5000); // the URL's points= still wins
+  assert.deepEqual([0, 1, 2, 10].map(O.pointsPerPixel), [2, 2, 1, 1]);
 });
 
 test("opening plan: the named runs, token, points; early requests only without smoothing", () => {

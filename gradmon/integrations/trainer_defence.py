@@ -19,6 +19,7 @@ PyNative) on the trainer's norm, before the optimizer step, with the same semant
 - ``skip``: skip the optimizer update of a spike step (the optimizer's ``global_step``, hence the
   rate, does not advance; ``state.skipped_steps`` stays the trainer's NaN count).
 
+The detector's loss test is off here: the seam sees the norm, not the step's loss.
 Non-finite norms leave the detector's state unchanged (the trainer's NaN rule decides those steps).
 The detector's state lives on the device; one scalar is read per step for the decision (the trainer
 reads the norm for its clip anyway). Its state is not checkpointed: after a resume it warms up again.
@@ -90,8 +91,9 @@ class SpikeDefence:
     def __init__(self, *args: Any, spike_mode: str = "clip", spike_warmup: int = SpikeConfig.warmup,
                  spike_alpha: float = SpikeConfig.alpha, spike_z: float = SpikeConfig.z_threshold,
                  spike_early_window: int = SpikeConfig.early_window, **kwargs: Any) -> None:
+        # No loss test: the trainer's seam (_should_skip_optimizer_step) sees the norm, not the loss.
         self.gradmon_spike = SpikeConfig(spike_mode, spike_warmup, spike_alpha, spike_z,
-                                         early_window=spike_early_window)
+                                         early_window=spike_early_window, loss_window=0)
         if not self.gradmon_spike.enabled:
             raise ValueError("SpikeDefence needs spike_mode 'detect', 'clip' or 'skip' (for no defence, "
                              "use the trainer itself)")
@@ -135,8 +137,9 @@ class SpikeDefence:
         spike_cfg = self.gradmon_spike
         norm = ops.cast(global_norm if isinstance(global_norm, Tensor) else Tensor(float(global_norm)),
                         ms.float32).reshape(())
-        zscore, spike, target, state = self._gradmon_spike_detector(norm, ops.isfinite(norm),
-                                                                   self._gradmon_spike_state)
+        # The loss argument is unread: this detector has no loss test.
+        zscore, spike, target, state, _ = self._gradmon_spike_detector(norm, ops.isfinite(norm),
+                                                                      self._gradmon_spike_state, norm)
         self._gradmon_spike_state = state
         is_spike = bool(spike.asnumpy())
         outcome: dict[str, Any] = {"step": int(self.state.global_step) + 1,  # type: ignore[attr-defined]

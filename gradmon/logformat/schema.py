@@ -19,11 +19,13 @@ __all__ = [
     "HISTORY_BASE_FIELDS",
     "HISTORY_COUNTER_NAMES",
     "INT_FIELDS",
+    "LOSS_SPIKE_REASON",
     "MARK_FLAGS",
     "NOT_SERIES",
     "NUMBER_FIELDS",
     "OVERFLOW_REASON",
     "SCHEMA_VERSION",
+    "SPIKE_REASON_FIELD",
     "TEXT_KEYS",
 ]
 
@@ -45,6 +47,11 @@ FLAG_FIELDS = ("clipped", "spike", "skipped", "nonfinite")
 
 # Step flags that put a mark on the charts, with the mark's kind.
 MARK_FLAGS = (("spike", "spike"), ("skipped", "skip"), ("nonfinite", "nonfinite"))
+
+# A spike step's `spike_reason` when the detector's loss test tripped it (absent: the norm tests alone).
+# Not in TEXT_KEYS (whose list the page mirrors): "loss" is no non-finite number's spelling.
+SPIKE_REASON_FIELD = "spike_reason"
+LOSS_SPIKE_REASON = "loss"
 
 # The `skip_reason` of a loss-scale overflow step: its non-finite gradient norm is expected, so the
 # step is a `skip` mark, and only a non-finite `loss` on it is a `nonfinite` mark.

@@ -26,6 +26,11 @@
     return (s / 3600).toFixed(1) + "h";
   }
 
+  /** An axis of the base option with a render's over it (labels merged too). */
+  function axisOver(base, option) {
+    return Object.assign({}, base, option, { axisLabel: Object.assign({}, base.axisLabel, option.axisLabel) });
+  }
+
   class ChartCard {
     /**
      * panel: from panels.js; hooks: {view(id) -> {scale, ignoreOutliers, expanded}, onChange(id, what,
@@ -100,8 +105,10 @@
     /** Create the ECharts instance (once the card is in the document, so it has a size). */
     init(theme, dark) {
       this.chart = echarts.init(this.el, dark ? "dark" : null, { renderer: "canvas" });
-      // Lazy: the first render (with the series) draws it once, not twice.
-      this.chart.setOption(this._baseOption(theme), { lazyUpdate: true });
+      // Given to ECharts with the first render's series, in one setOption: one pass over the
+      // option and one draw, not two.
+      this.base = this._baseOption(theme);
+      this.drawn = false;
       this.chart.on("datazoom", (ev) => this.hooks.onZoom(this, ev));
       this.chart.getZr().on("dblclick", () => this.hooks.onResetZoom());
       // Drag a box to zoom: the toolbox's zoom select, always on (the toolbox itself is invisible),
@@ -169,27 +176,34 @@
       this.series = built.series;
       const r = built.range;
       const bytes = this.panel.unit === "bytes";
-      this.chart.setOption(
-        {
-          xAxis: {
-            type: mode === "wall" ? "time" : "value",
-            min: extent.min,
-            max: extent.max,
-            axisLabel: mode === "relative" ? { formatter: durationLabel } : { formatter: null, hideOverlap: true },
-            name: mode === "step" ? "step" : "",
-          },
-          yAxis: {
-            type: built.log ? "log" : "value",
-            scale: !built.log,
-            min: r ? r.min : null,
-            max: r ? r.max : null,
-            // An explicit range would label its exact ends (1.6057, 10.861): only the nice ticks are labelled.
-            axisLabel: { formatter: bytes ? (v) => L.formatBytes(v) : (v) => L.formatValue(v), showMinLabel: !r, showMaxLabel: !r },
-          },
-          series: built.series,
+      const option = {
+        xAxis: {
+          type: mode === "wall" ? "time" : "value",
+          min: extent.min,
+          max: extent.max,
+          axisLabel: mode === "relative" ? { formatter: durationLabel } : { formatter: null, hideOverlap: true },
+          name: mode === "step" ? "step" : "",
         },
-        { replaceMerge: ["series"], lazyUpdate: false },
-      );
+        yAxis: {
+          type: built.log ? "log" : "value",
+          scale: !built.log,
+          min: r ? r.min : null,
+          max: r ? r.max : null,
+          // An explicit range would label its exact ends (1.6057, 10.861): only the nice ticks are labelled.
+          axisLabel: { formatter: bytes ? (v) => L.formatBytes(v) : (v) => L.formatValue(v), showMinLabel: !r, showMaxLabel: !r },
+        },
+        series: built.series,
+      };
+      // The axes carry the theme's styles every time: ECharts drops an axis's options when its
+      // type changes (value to log, value to time), and the axis would fall back to its defaults.
+      option.xAxis = axisOver(this.base.xAxis, option.xAxis);
+      option.yAxis = axisOver(this.base.yAxis, option.yAxis);
+      if (!this.drawn) {
+        this.chart.setOption(Object.assign({}, this.base, option), { lazyUpdate: false });
+        this.drawn = true;
+      } else {
+        this.chart.setOption(option, { replaceMerge: ["series"], lazyUpdate: false });
+      }
       this._badges(built);
     }
 

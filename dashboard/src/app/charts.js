@@ -106,9 +106,8 @@
         settings,
         extent,
         win: this.linked.win,
-        // About two points per pixel for one run; one per run when several share the chart (the
-        // min/max decimation keeps every spike and non-finite point either way).
-        maxPoints: Math.round((entries.length > 1 ? 1 : 2) * this.chartWidth()),
+        // Two points per pixel for one run, one each when several share the chart (lib/opening.js).
+        maxPoints: Math.round(L.pointsPerPixel(entries.length) * this.chartWidth()),
         versions: entries.map((e) => e.run.name + ":" + e.run.version + ":" + e.color).join(","),
       };
     }

@@ -98,8 +98,9 @@
         try {
           const early = await this.early.take(name, this.wantsFullResolution(name));
           if (!early) this.state.fetches++;
+          // (an early answer was asked for by the same rule: boot/early.js, lib/opening.js)
           const points = this._points(name);
-          if (!early) this.askedPoints.set(name, points);
+          this.askedPoints.set(name, points);
           const resp = early || (await this.client.history(name, { points }));
           if (this.state.runs.get(name) !== run) return; // unfollowed meanwhile
           // Held at full resolution (every step kept as it streams in) only for exact smoothing.
@@ -184,12 +185,25 @@
      * A run held downsampled although it wants full resolution (exact smoothing), whose last whole-
      * history request asked for fewer points than it needs now, is fetched again: the run list that
      * decided it was read while the server was still indexing the log (a page opened at once after
-     * a start), or the run has grown. Runs the page never asked for itself are left alone.
+     * a start), or the run has grown. A run with no whole-history request (a replay) is left alone.
      */
     _refetchOutgrown() {
       for (const run of this.hooks.shown()) {
         const asked = this.askedPoints.get(run.name);
         if (asked !== undefined && !run.exact && this.wantsFullResolution(run.name) && this._points(run.name) > asked) this.load(run.name);
+      }
+    }
+
+    /**
+     * The runs shown changed: a run held downsampled that now wants more points than it was
+     * fetched with (drawn alone, at two points per pixel instead of one: lib/opening.js) is fetched
+     * again.
+     */
+    selectionChanged() {
+      if (this.state.mode !== "live") return;
+      for (const run of this.hooks.shown()) {
+        const asked = this.askedPoints.get(run.name);
+        if (asked !== undefined && !run.exact && this._points(run.name) > asked) this.load(run.name);
       }
     }
 

@@ -112,6 +112,7 @@
   /** The selection from the view (or the default: the newest runs), and the runs followed for it. */
   function updateSelection() {
     const infos = Array.from(state.runsInfo.values());
+    const shownBefore = shownCount();
     state.selected = state.view.runs !== null ? state.view.runs.slice() : L.defaultSelection(infos, L.DEFAULT_RUN_CAP);
     for (const n of state.selected) colorOf(n);
     if (feed && state.mode === "live") {
@@ -120,6 +121,7 @@
         const info = state.runsInfo.get(n);
         if (!state.selected.includes(n) && !(info && info.offline)) feed.unfollow(n);
       }
+      if (shownCount() !== shownBefore) feed.selectionChanged(); // (fewer runs: more points each)
     }
     if (table) table.render();
     changed();
@@ -319,8 +321,14 @@
     });
   }
 
+  /** The runs shown that the server lists (what history requests are sized for). */
+  function shownCount() {
+    return state.selected.filter((n) => state.runsInfo.has(n)).length;
+  }
+
+  /** Points per history request: what the charts draw for the runs shown (lib/opening.js). */
   function historyPoints() {
-    return L.historyPoints(board ? board.chartWidth() : 600, pointsParam);
+    return L.historyPoints(board ? board.chartWidth() : 600, pointsParam, shownCount());
   }
 
   async function start() {

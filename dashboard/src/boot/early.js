@@ -34,7 +34,7 @@ const O = require("../lib/opening.js");
     const names = body && Array.isArray(body.runs) ? O.runsAfterList(plan, body.runs) : [];
     if (names.length) {
       const charts = await laidOut();
-      const points = O.historyPoints(O.chartWidthIn(charts ? charts.clientWidth : 0), plan.points);
+      const points = O.historyPoints(O.chartWidthIn(charts ? charts.clientWidth : 0), plan.points, names.length);
       for (const name of names) histories.set(name, get(O.runPath(name, "/history"), { points }));
     }
     return resp;

@@ -25,10 +25,22 @@
     return Math.max(240, Math.floor((w - GAP_PX * (cols - 1)) / cols) - CARD_PADDING_PX);
   }
 
-  /** History points per request: the URL's `points=N` (N >= 4), else about two per pixel of chart width. */
-  function historyPoints(chartWidth, asked) {
+  /**
+   * Points a chart draws per pixel of its width for each run: two for one run, one each when
+   * several runs share it (the min/max decimation keeps every spike and non-finite point either
+   * way). The page draws (app/charts.js) and asks the server (historyPoints) by this one rule.
+   */
+  function pointsPerPixel(runs) {
+    return runs > 1 ? 1 : 2;
+  }
+
+  /**
+   * History points per request: the URL's `points=N` (N >= 4), else pointsPerPixel(`runs`, the
+   * runs shown; absent: one) times the chart width: what the charts draw, no more.
+   */
+  function historyPoints(chartWidth, asked, runs) {
     if (asked >= 4) return Math.round(asked);
-    return Math.max(200, Math.min(8000, Math.round(2 * chartWidth)));
+    return Math.max(200, Math.min(8000, Math.round(pointsPerPixel(runs) * chartWidth)));
   }
 
   /**
@@ -74,5 +86,5 @@
     return u.toString();
   }
 
-  return { chartWidthIn, historyPoints, openingPlan, runsAfterList, runPath, apiUrl };
+  return { chartWidthIn, historyPoints, pointsPerPixel, openingPlan, runsAfterList, runPath, apiUrl };
 });
