@@ -358,10 +358,13 @@ def _flag_without_norm(records: list[dict[str, Any]], norms: list[Any]) -> Itera
     return [i for i, f in enumerate(flags) if f is True and norms[i] is None]
 
 
-_JUDGED = ("loss", "grad_norm", "loss_scale")
+# The values the rule reads as floats (``ts``: an alarm's time): an integer too big for a float
+# there would raise in the rule and lose the alarms of its whole batch (so that they depended on
+# where the log's lines were split into batches).
+_JUDGED = ("loss", "grad_norm", "loss_scale", "ts")
 
 
 def readable(record: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The record, or a copy whose judged integers too big for a float are infinite."""
+    """The record, or a copy whose read integers too big for a float are infinite."""
     huge = [k for k in _JUDGED if type(record.get(k)) is int and not _finite_number(record[k])]
     return {**record, **{k: number(record[k]) for k in huge}} if huge else record

@@ -20,7 +20,7 @@ from typing import Any, Optional
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES, OVERFLOW_REASON
 from gradmon.server.parse import KeyColumns
 from gradmon.server.pyramid import BUCKET, Pyramid, Summary, column_summary
-from gradmon.server.values import number
+from gradmon.server.values import FAST_TYPES, number
 
 __all__ = ["MAX_FIELDS", "MAX_MARKS", "TS", "Mark", "StepSeries"]
 
@@ -98,12 +98,21 @@ class StepSeries:
         ordered = steps[0] == lo and steps[-1] == hi and all(map(le, steps, islice(steps, 1, None)))
         self.min_step = lo if self.min_step is None else min(self.min_step, lo)
         self.max_step = hi if self.max_step is None else max(self.max_step, hi)
-        if not self._known.issuperset(columns.key_set()):  # (= every record's keys are known)
-            for rec in recs:
-                if not self._known.issuperset(rec):
-                    self._discover(rec)
-        for c in check:
-            self._step_marks(recs[c], steps[c])
+        # Fields are decided record by record, in file order (never per batch or per bucket), so
+        # that the index is the same wherever the log's lines are split into batches: a key
+        # becomes a field at its first record with a number there. ``added``: the fields this
+        # batch adds, at the position of the record that adds each.
+        added: dict[str, int] = {}
+        keys = columns.key_set()
+        # Keys that some record here has as a number while they are no fields yet (or are new: a
+        # key's first records may hold text or None, its first number is in a later one).
+        pending = {name for name in keys if (name in self._text_names or name not in self._known)
+                   and not columns.types(name).isdisjoint(FAST_TYPES)} \
+            if self._text_names or not self._known.issuperset(keys) else set()
+        if pending or not self._known.issuperset(keys):  # (else every record's keys are known)
+            for pos, rec in enumerate(recs):
+                if not self._known.issuperset(rec) or (pending and not pending.isdisjoint(rec)):
+                    self._discover(rec, pos, added)
         names = self.series_names()
         raw = [(name, columns.values(name), columns.fast(name)) for name in names]
         checks = iter(check)
@@ -114,7 +123,9 @@ class StepSeries:
             if not ob:
                 self._ob_offset = offsets[i]
             j = min(n, i + BUCKET - len(ob))
-            while 0 <= c < j:
+            while 0 <= c < j:  # (a piece's marks before its bucket closes: as fed line by line)
+                self._step_marks(recs[c], steps[c],
+                                 [name for name, at in added.items() if at > c] if added else None)
                 self._ob_marked.add(len(ob) + c - i)
                 c = next(checks, -1)
             obc = self._ob_cols
@@ -156,10 +167,15 @@ class StepSeries:
             self._ob_cache = (n, self._summarize(self._ob_recs, self._ob_steps, self._ob_offset, None))
         return self._ob_cache[1]
 
-    def _discover(self, rec: dict) -> None:
-        """Register the numeric fields of a step record that has keys not seen before."""
+    def _discover(self, rec: dict, pos: int, added: dict[str, int]) -> None:
+        """Register the numeric fields of a step record (at position ``pos`` of its batch; the
+        fields it adds go into ``added``) that has keys not seen before, or a number where a key
+        had only other values so far (a key first seen with a bool stays a flag)."""
         for name, raw in rec.items():
             if name in self._known:
+                if name in self._text_names and number(raw) is not None:
+                    self._text_names.discard(name)
+                    self._add_field(name, pos, added)
                 continue
             if number(raw) is None:
                 if not isinstance(raw, bool):  # flags stay flags; other values are re-checked
@@ -168,14 +184,15 @@ class StepSeries:
                 continue
             self._known.add(name)
             self._text_names.discard(name)
-            self._add_field(name)
+            self._add_field(name, pos, added)
 
-    def _add_field(self, name: str) -> None:
+    def _add_field(self, name: str, pos: int, added: dict[str, int]) -> None:
         if name == TS:
             self._has_ts = True
         elif name not in self._field_set and len(self.fields) < MAX_FIELDS:
             self._field_set.add(name)
             self.fields.append(name)
+            added[name] = pos
 
     def _mark(self, step: int, kind: str, name: str, value: Any, reason: str | None = None) -> None:
         if len(self.marks) >= MAX_MARKS:
@@ -184,15 +201,16 @@ class StepSeries:
         self.marks.append((step, kind, name, value, reason))
         self.mark_segments.append(self._segment)
 
-    def _step_marks(self, rec: dict, step: int) -> None:
+    def _step_marks(self, rec: dict, step: int, later: list[str] | None = None) -> None:
         """The marks of one step record: its non-finite field values, then its flags. A loss-scale
         overflow (``skip_reason: "overflow"``) is a skip: its non-finite norms are no ``nonfinite``
-        marks (a non-finite loss still is)."""
+        marks (a non-finite loss still is). ``later``: fields that later records of its batch
+        added (not fields yet at this record)."""
         nonfinite_marked = False
         reason = rec.get("skip_reason")
         overflow = reason == OVERFLOW_REASON
         for name, raw in rec.items():
-            if name in self._field_set and not (overflow and name != "loss"):
+            if name in self._field_set and not (overflow and name != "loss") and not (later and name in later):
                 v = number(raw)
                 if v is not None and not math.isfinite(v):
                     self._mark(step, "nonfinite", name, v)
@@ -211,10 +229,6 @@ class StepSeries:
         out.n = len(steps)
         out.lo = min(steps)
         out.hi = max(steps)
-        for name in list(self._text_names):  # a key first seen with text values, now a number?
-            if any(number(r.get(name)) is not None for r in recs):
-                self._text_names.discard(name)
-                self._add_field(name)
         cols = self._ob_cols if recs is self._ob_recs else {}
         for name in self.series_names():
             values = cols.get(name)

@@ -1,0 +1,109 @@
+"""The run index is a function of the log's content, not of where its lines are split into
+batches (the server polls 64 KB chunks): marks, fields (their order included) and history answers
+are the same fed line by line, in random batches, or whole — with keys that appear late, keys
+first seen as None/text/bool and later as numbers, NaN/Infinity (strings and bare tokens) and
+integers beyond 64 bits."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import random
+from types import SimpleNamespace
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradmon.server import history
+from gradmon.server.history import HistoryOptions, answer, build_job
+from gradmon.server.index import RunIndex
+from gradmon.server.pyramid import BUCKET
+
+_KEYS = ("loss", "grad_norm", "a", "b", "ts")
+_ODD = (None, True, False, "NaN", "Infinity", "-Infinity", math.nan, math.inf, 10**20, -(10**25),
+        10**400, "text", 1e308)
+
+
+def _log(rnd, n: int) -> list[bytes]:
+    """``n`` step records (a header now and then); each key shows up from a random step on."""
+    first = {k: rnd.randrange(n + 1) for k in _KEYS}
+    lines = []
+    for s in range(n):
+        if s and rnd.random() < 0.01:
+            lines.append(json.dumps({"type": "header", "run_id": "r"}).encode())
+        rec: dict = {"type": "step", "step": s if rnd.random() < 0.95 else rnd.randrange(n)}
+        for k in _KEYS:
+            if s >= first[k] and rnd.random() < 0.8:
+                rec[k] = rnd.choice(_ODD) if rnd.random() < 0.3 else rnd.random() * 10
+        for flag in ("spike", "nonfinite", "skipped"):
+            if rnd.random() < 0.03:
+                rec[flag] = True
+        lines.append(json.dumps(rec, separators=(",", ":")).encode())  # (bare NaN/Infinity tokens)
+    return lines
+
+
+def _pairs(lines: list[bytes]) -> list[tuple[int, bytes]]:
+    out, end = [], 0
+    for ln in lines:
+        end += len(ln) + 1
+        out.append((end, ln))
+    return out
+
+
+def _indexed(pairs: list[tuple[int, bytes]], cuts: list[int]) -> RunIndex:
+    idx = RunIndex()
+    for a, b in zip([0, *cuts], [*cuts, len(pairs)]):
+        if a < b:
+            idx.add_lines(pairs[a:b], pairs[a - 1][0] if a else 0)
+            idx.steps.open_summary()  # (a query between polls changes nothing either)
+    return idx
+
+
+def _answers(idx: RunIndex, pairs: list[tuple[int, bytes]]) -> tuple:
+    ends = [e for e, _ in pairs]
+
+    def read(_path: str, lo: int, hi: int, *_a: object) -> list[tuple[int, bytes]]:
+        return pairs[bisect.bisect_right(ends, lo):bisect.bisect_right(ends, hi)]
+
+    run = SimpleNamespace(name="r", path="<memory>", index=idx, cursor=lambda: {"gen": "g", "offset": ends[-1]})
+    bodies = []
+    with mock.patch.object(history, "read_lines", read):
+        for opts in (HistoryOptions(40), HistoryOptions(5000), HistoryOptions(20, 10, 250)):
+            bodies.append(answer(build_job(run, opts))[0])
+    snap = idx.snapshot()
+    return (repr(snap.marks), list(snap.mark_segments), idx.steps.series_names(), idx.summary(), bodies)
+
+
+def _check(lines: list[bytes], cuts: list[int]) -> None:
+    pairs = _pairs(lines)
+    one = _answers(_indexed(pairs, list(range(1, len(pairs)))), pairs)
+    assert _answers(_indexed(pairs, cuts), pairs) == one
+    assert _answers(_indexed(pairs, []), pairs) == one
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), n=st.integers(1, 3 * BUCKET + 20),
+       cuts=st.lists(st.integers(1, 4 * BUCKET), max_size=12))
+def test_index_does_not_depend_on_batch_boundaries(seed, n, cuts):
+    lines = _log(random.Random(seed), n)
+    _check(lines, sorted({c % len(lines) for c in cuts} - {0}))
+
+
+def test_key_first_none_then_nan_across_a_bucket_close_in_one_batch():
+    """The case that differed: ``x`` is None first, a number later in the same base bucket, and
+    NaN right after that bucket closes, all in one batch: its NaN was no mark (the key became a
+    field at the bucket's close, after the batch's marks were taken), and ``y`` (new in the next
+    bucket) came before ``x`` in ``fields``."""
+    recs = [{"type": "step", "step": s, "loss": 1.0} for s in range(BUCKET + 10)]
+    recs[3]["x"] = None
+    recs[5]["x"] = 2.0
+    recs[BUCKET + 1]["y"] = 1.0
+    recs[BUCKET + 2]["x"] = "NaN"
+    lines = [json.dumps(r).replace(" ", "").encode() for r in recs]
+    pairs = _pairs(lines)
+    whole = _indexed(pairs, [])
+    assert whole.steps.fields == ["loss", "x", "y"]
+    assert [m[:3] for m in whole.steps.marks] == [(BUCKET + 2, "nonfinite", "x")]
+    _check(lines, [7, BUCKET + 5])
