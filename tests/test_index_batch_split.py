@@ -67,7 +67,8 @@ def _answers(idx: RunIndex, pairs: list[tuple[int, bytes]]) -> tuple:
     def read(_path: str, lo: int, hi: int, *_a: object) -> list[tuple[int, bytes]]:
         return pairs[bisect.bisect_right(ends, lo):bisect.bisect_right(ends, hi)]
 
-    run = SimpleNamespace(name="r", path="<memory>", index=idx, cursor=lambda: {"gen": "g", "offset": ends[-1]})
+    run = SimpleNamespace(name="r", path="<memory>", index=idx,
+                          cursor=lambda: {"gen": "g", "offset": ends[-1]})
     bodies = []
     with mock.patch.object(history, "read_lines", read):
         for opts in (HistoryOptions(40), HistoryOptions(5000), HistoryOptions(20, 10, 250)):

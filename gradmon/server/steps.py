@@ -210,7 +210,8 @@ class StepSeries:
         reason = rec.get("skip_reason")
         overflow = reason == OVERFLOW_REASON
         for name, raw in rec.items():
-            if name in self._field_set and not (overflow and name != "loss") and not (later and name in later):
+            if name in self._field_set and not (overflow and name != "loss") \
+                    and not (later and name in later):
                 v = number(raw)
                 if v is not None and not math.isfinite(v):
                     self._mark(step, "nonfinite", name, v)
