@@ -31,7 +31,7 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,23 @@ def fault_values(prefix: Sequence[dict[str, Any]], faulty: Sequence[dict[str, An
     return {k: max((row[k] for row in rows if _finite(row[k])), default=math.nan) for k in STATS}
 
 
+def _recorded(docs: Sequence[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """Per setting with records: its name, its clean runs by seed, and each finite must fault as
+    ``{"fault": label, "start", "caught", "prefix": the clean trunk before it, "records"}``."""
+    for doc in docs:
+        for s in doc.get("settings", []):
+            recs = s.get("records")
+            if not recs:
+                continue
+            trunk = recs["clean"][min(recs["clean"])]
+            faults = [{"fault": f"{s['setting']}/{fr['fault']}@{fr['start']}", "start": fr["start"],
+                       "caught": score["detector_caught"],
+                       "prefix": [r for r in trunk if r["step"] < fr["start"]], "records": fr["records"]}
+                      for fr, score in zip(recs["faults"], s["faults"])
+                      if score["must"] and _finite(score["magnitude"])]
+            yield s["setting"], recs["clean"], faults
+
+
 def analyse(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Clean maxima per run and fault values per fault, for every setting with records."""
     from gradmon.cells import SpikeConfig
@@ -92,21 +109,11 @@ def analyse(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     warmup = SpikeConfig().warmup
     clean: dict[str, dict[str, float]] = {}
     faults: list[dict[str, Any]] = []
-    for doc in docs:
-        for s in doc.get("settings", []):
-            recs = s.get("records")
-            if not recs:
-                continue
-            for seed, records in recs["clean"].items():
-                clean[f"{s['setting']}/{seed}"] = clean_maxima(records, warmup)
-            trunk = recs["clean"][min(recs["clean"])]
-            for fr, score in zip(recs["faults"], s["faults"]):
-                magnitude = score["magnitude"]
-                if not (score["must"] and _finite(magnitude)) or fr["start"] <= warmup:
-                    continue
-                prefix = [r for r in trunk if r["step"] < fr["start"]]
-                faults.append({"fault": f"{s['setting']}/{fr['fault']}@{fr['start']}",
-                               "caught": score["detector_caught"], **fault_values(prefix, fr["records"])})
+    for setting, runs, must in _recorded(docs):
+        for seed, records in runs.items():
+            clean[f"{setting}/{seed}"] = clean_maxima(records, warmup)
+        faults += [{"fault": f["fault"], "caught": f["caught"], **fault_values(f["prefix"], f["records"])}
+                   for f in must if f["start"] > warmup]
     worst = {k: max((c[k] for c in clean.values() if _finite(c[k])), default=math.nan) for k in STATS}
     return {"clean": clean, "worst_clean": worst, "faults": faults}
 
@@ -135,23 +142,15 @@ def analyse_loss_test(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     (its first two steps), with whether the recorded run's detector flagged the fault."""
     clean: dict[str, float] = {}
     faults: list[dict[str, Any]] = []
-    for doc in docs:
-        for s in doc.get("settings", []):
-            recs = s.get("records")
-            if not recs:
-                continue
-            for seed, records in recs["clean"].items():
-                clean[f"{s['setting']}/{seed}"] = max((x for x in loss_test_ratios(records) if _finite(x)),
-                                                      default=math.nan)
-            trunk = recs["clean"][min(recs["clean"])]
-            for fr, score in zip(recs["faults"], s["faults"]):
-                if not (score["must"] and _finite(score["magnitude"])):
-                    continue
-                prefix = [r for r in trunk if r["step"] < fr["start"]]
-                values = loss_test_ratios([*prefix, *fr["records"]])[len(prefix):len(prefix) + 2]
-                faults.append({"fault": f"{s['setting']}/{fr['fault']}@{fr['start']}",
-                               "caught": score["detector_caught"],
-                               "ratio": max((x for x in values if _finite(x)), default=math.nan)})
+    for setting, runs, must in _recorded(docs):
+        for seed, records in runs.items():
+            clean[f"{setting}/{seed}"] = max((x for x in loss_test_ratios(records) if _finite(x)),
+                                             default=math.nan)
+        for f in must:
+            n = len(f["prefix"])
+            values = loss_test_ratios([*f["prefix"], *f["records"]])[n:n + 2]
+            faults.append({"fault": f["fault"], "caught": f["caught"],
+                           "ratio": max((x for x in values if _finite(x)), default=math.nan)})
     return {"clean": clean, "faults": faults,
             "worst_clean": max((x for x in clean.values() if _finite(x)), default=math.nan)}
 
