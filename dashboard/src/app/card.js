@@ -34,7 +34,8 @@
   class ChartCard {
     /**
      * panel: from panels.js; hooks: {view(id) -> {scale, ignoreOutliers, expanded}, onChange(id, what,
-     * value), onExport(id, format), tooltip(params, id), onZoom(card, ev), onResetZoom()}.
+     * value), onExport(id, format), tooltip(params, id), onZoom(card, ev), onResetZoom(), interact(card)
+     * (a pointer came over a chart: put its interaction on now)}.
      */
     constructor(panel, hooks) {
       this.panel = panel;
@@ -108,7 +109,9 @@
       // Given to ECharts with the first render's series, in one setOption: one pass over the
       // option and one draw, not two.
       this.base = this._baseOption(theme);
+      this.interaction = this._interactionOption(theme);
       this.drawn = false;
+      this.interactive = false; // the tooltip and the zoom (slider, wheel) are on the chart
       this.chart.on("datazoom", (ev) => this.hooks.onZoom(this, ev));
       this.chart.getZr().on("dblclick", () => this.hooks.onResetZoom());
       // Drag a box to zoom: the toolbox's zoom select, always on (the toolbox itself is invisible),
@@ -122,10 +125,19 @@
       const arm = () => {
         this.el.removeEventListener("pointerenter", arm);
         if (this.chart !== chart) return;
+        this.hooks.interact(this); // a pointer is here: its tooltip and zoom now, not after the others'
         chart.setOption({ toolbox: this._toolbox() });
         chart.dispatchAction({ type: "takeGlobalCursor", key: "dataZoomSelect", dataZoomSelectActive: true });
       };
       this.el.addEventListener("pointerenter", arm);
+    }
+
+    /** Put the tooltip and the zoom on a chart drawn without them; false when there was nothing to do. */
+    addInteraction() {
+      if (!this.chart || !this.drawn || this.interactive) return false;
+      this.interactive = true;
+      this.chart.setOption(this.interaction, { lazyUpdate: false });
+      return true;
     }
 
     dispose() {
@@ -139,12 +151,31 @@
       return { show: true, itemSize: 0, showTitle: false, right: 0, top: 0, feature: { dataZoom: { yAxisIndex: "none", brushStyle: { color: "rgba(31,119,180,0.15)" } } } };
     }
 
+    /** What every draw of the chart starts from: its look (the axes' styles, the grid). */
     _baseOption(theme) {
       return {
         backgroundColor: "transparent",
         animation: false,
         textStyle: { color: theme.fg },
         grid: { left: 56, right: 16, top: 14, bottom: 56 },
+        xAxis: {
+          type: "value", name: "step", nameLocation: "end", nameGap: 4,
+          nameTextStyle: { color: theme.muted, verticalAlign: "top", padding: [8, 0, 0, 0] },
+          axisLabel: { color: theme.muted }, axisLine: { lineStyle: { color: theme.muted } }, splitLine: { lineStyle: { color: theme.grid } },
+        },
+        yAxis: { type: "value", scale: true, splitLine: { lineStyle: { color: theme.grid } }, axisLabel: { color: theme.muted, formatter: (v) => L.formatValue(v) } },
+        series: [],
+      };
+    }
+
+    /**
+     * The chart's interaction: the tooltip (and its axis pointer) and the zoom (wheel and slider).
+     * A chart drawn for the first look at the page is drawn without it and gets it right after
+     * (addInteraction): ECharts' code for these runs, and is compiled, off the path to the first
+     * viewport drawn (a quarter of the first chart's draw).
+     */
+    _interactionOption(theme) {
+      return {
         tooltip: {
           trigger: "axis",
           confine: true,
@@ -156,22 +187,18 @@
           textStyle: { color: theme.fg },
           extraCssText: "max-width: 360px;",
         },
-        xAxis: {
-          type: "value", name: "step", nameLocation: "end", nameGap: 4,
-          nameTextStyle: { color: theme.muted, verticalAlign: "top", padding: [8, 0, 0, 0] },
-          axisLabel: { color: theme.muted }, axisLine: { lineStyle: { color: theme.muted } }, splitLine: { lineStyle: { color: theme.grid } },
-        },
-        yAxis: { type: "value", scale: true, splitLine: { lineStyle: { color: theme.grid } }, axisLabel: { color: theme.muted, formatter: (v) => L.formatValue(v) } },
         dataZoom: [
           { type: "inside", xAxisIndex: 0, filterMode: "filter", zoomOnMouseWheel: "ctrl", moveOnMouseWheel: false, moveOnMouseMove: false },
           { type: "slider", xAxisIndex: 0, filterMode: "filter", height: 14, bottom: 8, showDetail: false, brushSelect: false, borderColor: theme.line, textStyle: { color: theme.muted } },
         ],
-        series: [],
       };
     }
 
-    /** Draw the built series (chartopts.buildSeries) on the x extent; `mode` is the x-axis mode. */
-    render(built, extent, mode) {
+    /**
+     * Draw the built series (chartopts.buildSeries) on the x extent; `mode` is the x-axis mode.
+     * `firstLook`: a first draw may leave the interaction out (the board adds it right after).
+     */
+    render(built, extent, mode, firstLook) {
       this.built = built;
       this.series = built.series;
       const r = built.range;
@@ -199,7 +226,8 @@
       option.xAxis = axisOver(this.base.xAxis, option.xAxis);
       option.yAxis = axisOver(this.base.yAxis, option.yAxis);
       if (!this.drawn) {
-        this.chart.setOption(Object.assign({}, this.base, option), { lazyUpdate: false });
+        this.interactive = !firstLook;
+        this.chart.setOption(Object.assign({}, this.base, this.interactive ? this.interaction : null, option), { lazyUpdate: false });
         this.drawn = true;
       } else {
         this.chart.setOption(option, { replaceMerge: ["series"], lazyUpdate: false });

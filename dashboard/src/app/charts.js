@@ -26,9 +26,14 @@
         begin: () => this._beginPass(),
         inputs: () => this._inputs(this.app.entries()),
         wanted: (card) => this.panels.get(card.panel.id) === card && card.visible,
-        drawCard: (card, inputs) => this._drawCard(card, inputs),
-        ended: (live) => this.app.afterDraw && this.app.afterDraw(live),
+        drawCard: (card, inputs, inView) => this._drawCard(card, inputs, inView),
+        ended: (live) => {
+          this._interactionSoon();
+          if (this.app.afterDraw) this.app.afterDraw(live);
+        },
       });
+      this.uninteractive = new Set(); // cards drawn without their interaction, to get it soon
+      this.interactionFrame = 0;
       this.extent = null;
       this.linked = new A.LinkedZoom(this, (zoom) => {
         this.markDirty(); // redraw the curves at full resolution for the new window
@@ -52,7 +57,7 @@
 
     /** Truthy while a redraw is scheduled or under way (`!dirty && !frame`: everything asked for is drawn). */
     get frame() {
-      return this.redraw.busy;
+      return this.redraw.busy || this.interactionFrame;
     }
 
     /** Redraws begun so far. */
@@ -120,7 +125,13 @@
         win ? win.startValue + ":" + win.endValue : "", inputs.maxPoints, this.dark].join("|");
     }
 
-    _drawCard(card, inputs) {
+    /**
+     * Draw a card. `firstLook`: it is one of a pass's charts in the viewport; drawn for the first
+     * time, with no zoom window, it is drawn without its interaction (tooltip, zoom), which it gets
+     * in the animation frame after the pass (_interactionSoon): the viewport's charts are drawn
+     * first, then the rest.
+     */
+    _drawCard(card, inputs, firstLook) {
       if (!card.chart) this._initChart(card);
       const key = this._key(card, inputs);
       if (card.key === key) return;
@@ -130,7 +141,8 @@
       const built = L.buildSeries(card.panel, entries, {
         xMode: settings.xMode, smoothing: settings.smoothing, scale: pv.scale, ignoreOutliers: pv.ignoreOutliers, maxPoints: inputs.maxPoints, window: win,
       });
-      card.render(built, extent, settings.xMode);
+      card.render(built, extent, settings.xMode, !!firstLook && !win);
+      if (!card.interactive) this.uninteractive.add(card);
       const drawn = entries.filter((e) => card.panel.fields.some((f) => e.run.pointCount(f) > 0));
       card.drawnRuns = drawn.length;
       card.setLegend(drawn.map((e) => ({ name: e.run.name, color: e.color })), card.panel.fields.some((f) => f.startsWith("eval/") && drawn.some((e) => e.run.pointCount(f) > 0)));
@@ -139,6 +151,21 @@
       if (win && (card.fresh || card.extentKey !== extentKey)) this.linked.show(card, win);
       card.extentKey = extentKey;
       card.fresh = false;
+    }
+
+    /** In the next animation frame (the first viewport painted), the interaction of the charts drawn without it. */
+    _interactionSoon() {
+      if (this.interactionFrame || !this.uninteractive.size) return;
+      this.interactionFrame = requestAnimationFrame(() => {
+        this.interactionFrame = 0;
+        for (const card of this.uninteractive) this._interact(card);
+      });
+    }
+
+    /** Put a card's interaction on now (and show the zoom window there, if any). */
+    _interact(card) {
+      this.uninteractive.delete(card);
+      if (card.addInteraction() && this.linked.win) this.linked.show(card, this.linked.win);
     }
 
     _initChart(card) {
@@ -166,6 +193,7 @@
         tooltip: (params, id) => this.app.tooltip(params, id),
         onZoom: (c, ev) => this.linked.onChartZoom(c, ev),
         onResetZoom: () => this.resetZoom(),
+        interact: (c) => this._interact(c),
       });
     }
 

@@ -10,7 +10,8 @@
      * begin() -> {queue: [card], inView, inputs} (lay out, and the charts to draw in order, the first
      * `inView` of them in the viewport: drawn in a slice of their own), inputs() -> what a
      * chart is drawn from now, wanted(card) -> whether a queued chart is still to be drawn,
-     * drawCard(card, inputs), ended(live) (a pass finished)}.
+     * drawCard(card, inputs, inView) (`inView`: one of the pass's charts in the viewport),
+     * ended(live) (a pass finished)}.
      */
     constructor(hooks) {
       this.hooks = hooks;
@@ -85,7 +86,7 @@
           if (viewportDrawn) break;
           continue; // gone or scrolled away meanwhile
         }
-        this.hooks.drawCard(card, current);
+        this.hooks.drawCard(card, current, pass.taken <= pass.inView);
         if (this.pacer.sliceDone(t0, performance.now(), pass.live, viewportDrawn)) break;
       }
       pass.workMs += performance.now() - t0;

@@ -37,6 +37,7 @@
 
     /** Show window `win` (null: everything) on one chart, without echoing its event back. */
     show(card, win) {
+      if (!card.interactive) return; // no zoom on it yet: shown when it gets it (ChartBoard._interact)
       this.syncing = true;
       try {
         if (win) card.chart.dispatchAction({ type: "dataZoom", startValue: win.startValue, endValue: win.endValue });
@@ -71,7 +72,7 @@
 
     /** Current x-axis zoom window of the first chart: {start, end} in percent, {startValue, endValue} in x units. */
     current() {
-      const first = Array.from(this.board.panels.values()).find((c) => c.chart);
+      const first = Array.from(this.board.panels.values()).find((c) => c.chart && c.interactive);
       if (!first) return null;
       const dz = first.chart.getOption().dataZoom[0];
       return { start: dz.start, end: dz.end, startValue: dz.startValue, endValue: dz.endValue };
