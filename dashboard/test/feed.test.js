@@ -41,7 +41,7 @@ class FakeClient {
     if (status) p.d.reject(Object.assign(new Error("HTTP " + status), { status }));
     else p.d.resolve(body);
   }
-  bodyOf(pending) {
+  answerOf(pending) {
     return pending; // (the fake early requests below resolve to bodies already)
   }
   connect() {

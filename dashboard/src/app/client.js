@@ -37,9 +37,15 @@
       } catch (e) {
         body = null;
       }
-      if (!resp.ok) {
-        const err = new Error((body && body.error) || "HTTP " + resp.status);
-        err.status = resp.status;
+      return this.answerOf({ ok: resp.ok, status: resp.status, body });
+    }
+
+    /** The body of an answer read already ({ok, status, body}, or a promise of it: boot/early.js's); an error status throws. */
+    async answerOf(pending) {
+      const { ok, status, body } = await pending;
+      if (!ok) {
+        const err = new Error((body && body.error) || "HTTP " + status);
+        err.status = status;
         throw err;
       }
       return body;

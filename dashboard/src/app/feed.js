@@ -34,7 +34,7 @@
       root.GradmonEarly = null;
       const sentHistory = (name) => {
         const pending = sent && sent.history(name);
-        return pending ? this.client.bodyOf(pending) : null;
+        return pending ? this.client.answerOf(pending) : null;
       };
       // Without it, the runs the URL names are asked for here, beside the list.
       this.early = new L.EarlyHistory(
@@ -49,7 +49,7 @@
       try {
         this.state.fetches++;
         const sentRuns = sent && sent.runs();
-        const body = await (sentRuns ? this.client.bodyOf(sentRuns) : this.client.runs());
+        const body = await (sentRuns ? this.client.answerOf(sentRuns) : this.client.runs());
         this.hooks.setRunsInfo(body.runs); // (the runs it follows take their early answers here)
       } catch (e) {
         this.hooks.notice("Could not list runs: " + e.message, true);

@@ -13,10 +13,17 @@ const O = require("../lib/opening.js");
   // Opened from disk or as a static export: no server to ask (export-data.js runs before this).
   if (root.GRADMON_EXPORT || location.protocol === "file:" || typeof fetch !== "function") return;
   const plan = O.openingPlan(location.search);
+  // Each answer is read and parsed as soon as it arrives, and handed over so ({ok, status, body}):
+  // the page then takes the list and the histories with no wait of its own for their bodies, and
+  // its first draw can follow in the task that took them, not a few tasks (and a frame) later.
   const get = (path, params) => {
-    const request = fetch(O.apiUrl(location.href, path, params, plan.token), { cache: "no-store" });
-    request.catch(() => {}); // a failure is the page's to see when it takes the answer
-    return request;
+    const answer = fetch(O.apiUrl(location.href, path, params, plan.token), { cache: "no-store" }).then(async (resp) => ({
+      ok: resp.ok,
+      status: resp.status,
+      body: await resp.json().catch(() => null),
+    }));
+    answer.catch(() => {}); // a failure is the page's to see when it takes the answer
+    return answer;
   };
   const histories = new Map();
   // The charts' width decides the points asked for: read once #charts is parsed and laid out
@@ -29,26 +36,26 @@ const O = require("../lib/opening.js");
     });
   // The list's answer is handed over only once those requests are out, so the page, reading the
   // same list, finds them sent and sends none twice.
-  let runs = get("/api/runs").then(async (resp) => {
-    const body = resp.ok ? await resp.clone().json().catch(() => null) : null;
+  let runs = get("/api/runs").then(async (answer) => {
+    const body = answer.ok ? answer.body : null;
     const names = body && Array.isArray(body.runs) ? O.runsAfterList(plan, body.runs) : [];
     if (names.length) {
       const charts = await laidOut();
       const points = O.historyPoints(O.chartWidthIn(charts ? charts.clientWidth : 0), plan.points, names.length);
       for (const name of names) histories.set(name, get(O.runPath(name, "/history"), { points }));
     }
-    return resp;
+    return answer;
   });
   runs.catch(() => {});
 
   root.GradmonEarly = {
-    /** The run list's fetch() under way (its Response, unread), once (null after: ask again). */
+    /** The run list's answer under way (a promise of {ok, status, body}), once (null after: ask again). */
     runs() {
       const r = runs;
       runs = null;
       return r;
     },
-    /** A run's history fetch() under way, once; null when none was sent. */
+    /** A run's history answer under way ({ok, status, body}), once; null when none was sent. */
     history(name) {
       const r = histories.get(name) || null;
       histories.delete(name);
