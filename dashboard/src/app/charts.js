@@ -73,6 +73,24 @@
       this.redraw.request(live);
     }
 
+    /**
+     * Lay out the cards of `fields` before any data is here (the run list's fields of the runs to be
+     * shown: lib/opening.js listedFields) and create the charts of those in the viewport, while
+     * the histories travel: the first pass then only draws. Nothing once a pass has begun.
+     */
+    layOut(fields) {
+      if (this.renderCount || !fields.length) return;
+      this.grid.sync(L.sectionsFor(L.panelsFor(fields)));
+      const first = [];
+      for (const card of this.panels.values()) {
+        card.sync(this.app.panelView(card.panel.id));
+        if (card.visible && !card.chart) first.push(card);
+      }
+      // Measured first, then created (creating a chart changes the layout a measure would redo).
+      const inView = first.filter((card) => L.inViewport(card.card.getBoundingClientRect(), window.innerHeight));
+      for (const card of inView) this._initChart(card);
+    }
+
     /** Chart width in px (for history resolution: about two points per pixel). */
     chartWidth() {
       for (const c of this.panels.values()) if (c.chart && c.width) return c.width;
