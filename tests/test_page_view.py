@@ -160,6 +160,68 @@ def test_sections_drag_box_zoom_expand_and_compact_tooltip(logdir: Path, page: P
     assert page.errors == []
 
 
+# The loss chart at the first animation frame to begin with it drawn: what that draw put on it.
+_FIRST_DRAWN = """() => new Promise((resolve, reject) => {
+  const t0 = performance.now();
+  const tick = () => {
+    const g = window.gradmon;
+    const card = g && g.board && g.board.panels.get('loss');
+    if (card && card.chart && g.drawnRuns('loss') > 0) {
+      const o = card.chart.getOption();
+      return resolve({runs: g.drawnRuns('loss'), interactive: card.interactive,
+                      dataZoom: (o.dataZoom || []).length, tooltip: (o.tooltip || []).length,
+                      lines: o.series.filter(s => s.type === 'line' && s.data.length).length});
+    }
+    if (performance.now() - t0 > 20000) return reject(new Error('loss chart not drawn'));
+    requestAnimationFrame(tick);
+  };
+  tick();
+})"""
+
+
+def test_the_viewport_is_drawn_first_and_its_tooltip_and_zoom_follow_and_work(logdir: Path,
+                                                                               page: Page) -> None:
+    # The viewport's charts are drawn without their interaction (tooltip, wheel and slider zoom),
+    # which they get in the animation frames after (app/charts.js): the first look first, then all.
+    three_runs(logdir)
+    with start_server(logdir, "127.0.0.1", port=0) as server:
+        page.page.goto(server.url, wait_until="commit")
+        first = page.eval(_FIRST_DRAWN)
+        assert first == {"runs": 3, "interactive": False, "dataZoom": 0, "tooltip": 0, "lines": 3}
+        page.ready(3)
+        charts = page.eval("""window.gradmon.panels().map(id => window.gradmon.board.panels.get(id))
+            .filter(c => c.chart).map(c => { const o = c.chart.getOption();
+              return [c.interactive, o.dataZoom.map(d => d.type).sort(), o.tooltip.length]; })""")
+        assert len(charts) >= 4
+        assert all(c == [True, ["inside", "slider"], 1] for c in charts), charts
+        # The slider: its right handle dragged to the middle zooms every chart to the same window.
+        box = page.page.locator(".chart-card[data-panel='lr'] .chart").bounding_box()
+        slider = page.eval("""(() => { const c = window.gradmon.board.panels.get('lr').chart;
+            const m = c.getModel().getComponent('dataZoom', 1); const g = c.getViewOfComponentModel(m).group;
+            const r = g.getBoundingRect();
+            return {type: m.type, right: g.x + r.x + r.width, y: g.y + r.y + r.height / 2}; })()""")
+        assert slider["type"] == "dataZoom.slider"
+        y = box["y"] + slider["y"]
+        page.page.mouse.move(box["x"] + slider["right"] - 4, y)
+        page.page.mouse.down()
+        page.page.mouse.move(box["x"] + box["width"] * 0.5, y, steps=6)
+        page.page.mouse.up()
+        page.wait("window.location.search.includes('zoom=')")
+        windows = page.eval("""window.gradmon.panels().map(id => window.gradmon.board.panels.get(id))
+            .filter(c => c.chart).map(c => { const dz = c.chart.getOption().dataZoom[0];
+                                             return [dz.startValue, dz.endValue]; })""")
+        assert len({tuple(round(v, 6) for v in w) for w in windows}) == 1
+        lo, hi = windows[0]
+        assert lo < 5 and 60 < hi < 140, windows[0]
+        # The tooltip, on a chart of the first viewport.
+        box = page.page.locator(".chart-card[data-panel='loss'] .chart").bounding_box()
+        page.page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.4)
+        tip = page.wait("""(() => { const t = [...document.querySelectorAll('.tt')].find(e => e.offsetParent);
+                                    return t && t.innerText })()""")
+        assert tip.startswith("step ") and "exp-a" in tip
+    assert page.errors == []
+
+
 def test_phone_width_has_no_horizontal_overflow_and_dark_mode_follows_the_system(logdir: Path,
                                                                                   browser: object) -> None:
     three_runs(logdir)

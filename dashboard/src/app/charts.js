@@ -171,12 +171,21 @@
       card.fresh = false;
     }
 
-    /** In the next animation frame (the first viewport painted), the interaction of the charts drawn without it. */
+    /**
+     * From the next animation frame on (the first viewport painted), the interaction of the charts
+     * drawn without it, in their drawing order, a few per frame (each is a redraw of its chart: all
+     * in one task would hold the page for as long as the viewport's first draw).
+     */
     _interactionSoon() {
       if (this.interactionFrame || !this.uninteractive.size) return;
       this.interactionFrame = requestAnimationFrame(() => {
         this.interactionFrame = 0;
-        for (const card of this.uninteractive) this._interact(card);
+        const t0 = performance.now();
+        for (const card of this.uninteractive) {
+          this._interact(card);
+          if (performance.now() - t0 >= L.REDRAW.SLICE_MS) break;
+        }
+        this._interactionSoon();
       });
     }
 
