@@ -80,6 +80,13 @@
      */
     layOut(fields) {
       if (this.renderCount || !fields.length) return;
+      // In a task of its own: the run list is often taken while the page's scripts start.
+      clearTimeout(this.layOutTimer);
+      this.layOutTimer = setTimeout(() => this._layOut(fields), 0);
+    }
+
+    _layOut(fields) {
+      if (this.renderCount) return;
       this.grid.sync(L.sectionsFor(L.panelsFor(fields)));
       const first = [];
       for (const card of this.panels.values()) {
