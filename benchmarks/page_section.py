@@ -449,7 +449,8 @@ _COMPARED = ("viewport_ms", "ready_ms", "dom_content_loaded_ms", "requests", "sc
 
 
 def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20_000,
-                   log: Callable[[str], None] = print, tensorboard: str | None = None) -> dict[str, Any]:
+                   log: Callable[[str], None] = print, tensorboard: str | None = None,
+                   cases: tuple[str, ...] = ("one", "four")) -> dict[str, Any]:
     """The page's first paint, one and four runs of ``n`` steps, for each of ``trees`` (label ->
     a checkout with its page built; its server serves its own page) in the same run: every round
     opens each tree's page with one run and with four, in alternating order, each in a freshly
@@ -459,7 +460,8 @@ def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20
     went and ``history_bytes`` (the history answers' bodies, as sent). ``tensorboard``: a
     TensorBoard executable (its own environment); its default page on the same runs as event files
     is opened in the same rounds (label ``tensorboard``, four runs: its default shows every run), or
-    the reason it is not is given as ``tensorboard_skipped``."""
+    the reason it is not is given as ``tensorboard_skipped``. ``cases``: which of one run and four
+    runs to open (``("four",)``: twice the rounds of the four-run case in the same time)."""
     from playwright.sync_api import sync_playwright
 
     from benchmarks.bigruns import _server
@@ -484,7 +486,7 @@ def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20
                         raise
                     time.sleep(0.1)
             urls[label] = srv["url"]
-        cases = [(label, case) for label in trees for case in ("one", "four")]
+        cases = [(label, case) for label in trees for case in cases]
         skipped = tensorboard_unavailable_reason(tensorboard) if tensorboard is not None else None
         if tensorboard is not None and skipped is None:
             assert tensorboard
@@ -514,6 +516,7 @@ def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20
         for key in _COMPARED:
             vals = [x[key] for x in xs if x.get(key) is not None]
             out[f"{label}_{case}_{key}"] = statistics.median(vals) if vals else None
+        out[f"{label}_{case}_viewport_ms_each"] = [round(x["viewport_ms"], 1) for x in xs]  # round by round
         k = f"{label}_{case}_"
         log(f"  {label} {case} run(s): first viewport {out[k + 'viewport_ms']:.0f} ms, all near charts "
             f"{out[k + 'ready_ms']:.0f} ms, DOMContentLoaded {out[k + 'dom_content_loaded_ms']:.0f} ms, "
@@ -715,6 +718,8 @@ if __name__ == "__main__":
     parser.add_argument("--chart-ready", type=int, metavar="N", default=0,
                         help="with --compare: also chart_ready_ms of one run of N records for each tree")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--four-only", action="store_true",
+                        help="with --compare: open only the four runs (not also one run) in each round")
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(STATIC_INDEX), "..", "..",
                                                           "benchmarks", "out"))
@@ -729,7 +734,8 @@ if __name__ == "__main__":
                 parser.error(f"{tree} has no built page: cd {tree}/dashboard && npm ci && npm run build")
             trees[label] = tree
         trees["this"] = here
-        result = compare_builds(trees, args.rounds, args.out_dir, args.steps, tensorboard=args.tensorboard)
+        result = compare_builds(trees, args.rounds, args.out_dir, args.steps, tensorboard=args.tensorboard,
+                                cases=("four",) if args.four_only else ("one", "four"))
         if args.chart_ready:
             result["chart_ready"] = compare_chart_ready(trees, args.rounds, args.out_dir, args.chart_ready)
         print(json.dumps(result, indent=1))
