@@ -47,15 +47,3 @@ test("API URLs: run names' segments encoded, the token added, absent parameters 
   assert.equal(O.apiUrl("http://h:1/", "/api/runs/a/history", { points: 864, start: undefined, end: null }, "t&k"),
     "http://h:1/api/runs/a/history?points=864&token=t%26k");
 });
-
-test("listedFields: the run list's fields under the names the charts use", () => {
-  const infos = [
-    { name: "a", fields: ["loss", "grad_norm", "ts"], eval_fields: ["loss"], system_fields: ["rss_bytes"] },
-    { name: "b", fields: ["loss", "lr"], eval_fields: [], system_fields: null },
-    { name: "c" }, // an old server's entry: no field lists
-    null,
-  ];
-  assert.deepEqual(O.listedFields(infos), ["loss", "grad_norm", "eval/loss", "system/rss_bytes", "lr"]);
-  assert.deepEqual(O.listedFields([]), []);
-  assert.deepEqual(O.listedFields(undefined), []);
-});

@@ -103,9 +103,14 @@
       return tools;
     }
 
-    /** Create the ECharts instance (once the card is in the document, so it has a size). */
-    init(theme, dark) {
-      this.chart = echarts.init(this.el, dark ? "dark" : null, { renderer: "canvas" });
+    /**
+     * Create the ECharts instance (once the card is in the document, so it has a size). `size`:
+     * the chart element's {width, height} measured by the caller with others' (else ECharts reads
+     * it, a layout of the page per chart when charts are created one after another).
+     */
+    init(theme, dark, size) {
+      const opts = size ? { renderer: "canvas", width: size.width, height: size.height } : { renderer: "canvas" };
+      this.chart = echarts.init(this.el, dark ? "dark" : null, opts);
       // Given to ECharts with the first render's series, in one setOption: one pass over the
       // option and one draw, not two.
       this.base = this._baseOption(theme);

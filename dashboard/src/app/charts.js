@@ -73,31 +73,6 @@
       this.redraw.request(live);
     }
 
-    /**
-     * Lay out the cards of `fields` before any data is here (the run list's fields of the runs to be
-     * shown: lib/opening.js listedFields) and create the charts of those in the viewport, while
-     * the histories travel: the first pass then only draws. Nothing once a pass has begun.
-     */
-    layOut(fields) {
-      if (this.renderCount || !fields.length) return;
-      // In a task of its own: the run list is often taken while the page's scripts start.
-      clearTimeout(this.layOutTimer);
-      this.layOutTimer = setTimeout(() => this._layOut(fields), 0);
-    }
-
-    _layOut(fields) {
-      if (this.renderCount) return;
-      this.grid.sync(L.sectionsFor(L.panelsFor(fields)));
-      const first = [];
-      for (const card of this.panels.values()) {
-        card.sync(this.app.panelView(card.panel.id));
-        if (card.visible && !card.chart) first.push(card);
-      }
-      // Measured first, then created (creating a chart changes the layout a measure would redo).
-      const inView = first.filter((card) => L.inViewport(card.card.getBoundingClientRect(), window.innerHeight));
-      for (const card of inView) this._initChart(card);
-    }
-
     /** Chart width in px (for history resolution: about two points per pixel). */
     chartWidth() {
       for (const c of this.panels.values()) if (c.chart && c.width) return c.width;
@@ -120,6 +95,7 @@
         if (!card.visible) continue; // drawn when it comes near the viewport (app/grid.js)
         if (card.chart && card.key === this._key(card, inputs)) continue;
         const r = card.card.getBoundingClientRect();
+        if (!card.chart) this._measure(card); // (the layout just made: no layout per chart created)
         stale.push({ card, top: r.top, bottom: r.bottom });
       }
       const inView = stale.filter((it) => L.inViewport(it, window.innerHeight)).length;
@@ -203,11 +179,20 @@
     }
 
     _initChart(card) {
-      card.init(this.theme, this.dark);
-      card.width = card.el.clientWidth;
+      const size = card.measured;
+      card.measured = null;
+      card.init(this.theme, this.dark, size);
+      card.width = size ? size.width : card.el.clientWidth;
       card.fresh = true;
       card.key = null;
       this.grid.observeSize(card);
+    }
+
+    /** Note a card's chart element size for its chart's creation (_initChart); none while it has no size. */
+    _measure(card) {
+      const width = card.el.clientWidth;
+      const height = card.el.clientHeight;
+      card.measured = width > 0 && height > 0 ? { width, height } : null;
     }
 
     /** Draw one chart now, wherever it is (an export of a chart never scrolled to). */

@@ -50,9 +50,14 @@
         sentHistory,
       );
       this.opening = [];
+      const sentRuns = sent && sent.runs();
+      if (sentRuns) {
+        sentRuns.catch(() => {}); // (seen below)
+        // Taken in a task of its own, after the page's scripts have run: DOMContentLoaded is theirs.
+        await new Promise((r) => setTimeout(r, 0));
+      }
       try {
         this.state.fetches++;
-        const sentRuns = sent && sent.runs();
         const body = await (sentRuns ? this.client.answerOf(sentRuns) : this.client.runs());
         this.hooks.setRunsInfo(body.runs); // (the runs it follows take their early answers here)
       } catch (e) {

@@ -27,7 +27,8 @@
           // The observer also reports each element once when it starts watching it, at the size
           // its chart was just created with: a resize then would draw that chart a second time.
           const c = card.chart;
-          if (c && (c.getWidth() !== card.width || c.getHeight() !== e.target.clientHeight)) c.resize();
+          // ("auto": the element's size from now on, also for a chart created at a size given)
+          if (c && (c.getWidth() !== card.width || c.getHeight() !== e.target.clientHeight)) c.resize({ width: "auto", height: "auto" });
         }
       });
     }

@@ -115,12 +115,6 @@
     const shownBefore = shownCount();
     state.selected = state.view.runs !== null ? state.view.runs.slice() : L.defaultSelection(infos, L.DEFAULT_RUN_CAP);
     for (const n of state.selected) colorOf(n);
-    // The charts the run list promises are laid out while their histories travel (app/charts.js).
-    const promised = board && state.mode === "live" && !board.renderCount ? L.listedFields(shownInfos()) : [];
-    if (promised.length) {
-      $("#empty").hidden = true; // (first: the cards are measured where they will stay)
-      board.layOut(promised);
-    }
     if (feed && state.mode === "live") {
       for (const n of state.selected) if (state.runsInfo.has(n) && !state.runsInfo.get(n).offline) feed.follow(n);
       for (const n of Array.from(state.runs.keys())) {
@@ -193,8 +187,7 @@
     if (banner) banner.render(loadedRuns());
     const shown = entries();
     A.renderLayers($("#layers"), shown);
-    // (charts laid out before their data came stand where the note would)
-    $("#empty").hidden = shown.some((e) => e.run.fields().length > 0) || (!!board && board.panels.size > 0);
+    $("#empty").hidden = shown.some((e) => e.run.fields().length > 0);
   }
 
   /** After each redraw (`live`: one only the stream asked for, whose run-table refresh may wait). */
@@ -326,12 +319,6 @@
       document.body.classList.remove("dragging");
       replayFiles(Array.from((e.dataTransfer && e.dataTransfer.files) || []));
     });
-  }
-
-  /** The run list's entries of the runs to be shown (selected, matching the filter). */
-  function shownInfos() {
-    const f = L.runFilter(state.view.filter);
-    return state.selected.filter((n) => f.test(n) && state.runsInfo.has(n)).map((n) => state.runsInfo.get(n));
   }
 
   /** The runs shown that the server lists (what history requests are sized for). */

@@ -73,24 +73,6 @@
     return plan.named.filter((n) => listed.has(n));
   }
 
-  /**
-   * The chartable fields (RunData.fields()' names: train fields bare, "eval/<name>", "system/<name>")
-   * the run list says runs `infos` have, before their data is here: what the charts will be.
-   */
-  function listedFields(infos) {
-    const out = new Set();
-    const add = (names, prefix) => {
-      for (const f of Array.isArray(names) ? names : []) if (typeof f === "string" && f !== "ts") out.add(prefix + f);
-    };
-    for (const info of infos || []) {
-      if (!info) continue;
-      add(info.fields, "");
-      add(info.eval_fields, "eval/");
-      add(info.system_fields, "system/");
-    }
-    return Array.from(out);
-  }
-
   /** Path of a run's API resource; run names may contain "/" (sub-directories): each segment is encoded. */
   function runPath(name, tail) {
     return "/api/runs/" + name.split("/").map(encodeURIComponent).join("/") + tail;
@@ -104,5 +86,5 @@
     return u.toString();
   }
 
-  return { chartWidthIn, historyPoints, pointsPerPixel, openingPlan, runsAfterList, listedFields, runPath, apiUrl };
+  return { chartWidthIn, historyPoints, pointsPerPixel, openingPlan, runsAfterList, runPath, apiUrl };
 });
