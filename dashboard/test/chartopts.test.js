@@ -213,3 +213,16 @@ test("a rollback is a dashed line and a pin at the restored step on every chart,
   // Steps 21-25 of the first segment are replaced: one value per step, none non-finite.
   assert.deepEqual(run.view("loss").steps.length, 30);
 });
+
+test("grad-norm chart: one max_norm line for the runs that share a max_norm, one per value otherwise", () => {
+  const recs = [{ step: 1, grad_norm: 1 }, { step: 2, grad_norm: 1.5 }];
+  const runs = ["a", "b", "c"].map((name, k) => {
+    const run = new RunData(name);
+    run.ingestRecord({ type: "header", schema: 1, start_time: 100, max_norm: k === 2 ? 5.0 : 2.0 });
+    for (const r of recs) run.ingestRecord(Object.assign({ type: "step", ts: 100 + r.step }, r));
+    return { run, color: ["#111", "#222", "#333"][k] };
+  });
+  const panel = panelsFor(["grad_norm"]).find((p) => p.id === "grad_norm");
+  const lines = buildSeries(panel, runs, {}).series.filter((s) => s.markLine).map((s) => [s.id, s.markLine.data[0].yAxis, s.markLine.lineStyle.color]);
+  assert.deepEqual(lines, [["a|grad_norm|raw", 2.0, "#111"], ["c|grad_norm|raw", 5.0, "#333"]]);
+});

@@ -126,6 +126,7 @@
     const flagsOf = []; // [{run, color}] whose detector marks this chart shows
     let markerPoints = 0;
     let quality = null;
+    const thresholds = new Set(); // max_norm values with their line drawn: one line (and label) for runs sharing one
     for (const { run, color } of entries) {
       for (const field of panel.fields) {
         const v = run.view(field);
@@ -142,6 +143,8 @@
         const raw = thin(points, settings.maxPoints, win);
         drawn.push({ points: raw.filter((p) => inWindow(p[0], win)), run, color, field });
         const sparse = raw.length <= 60 || isEval; // a few points: show them as dots, not just a line
+        const threshold = panel.marks && run.maxNorm !== null && field === "grad_norm" && !thresholds.has(run.maxNorm);
+        if (threshold) thresholds.add(run.maxNorm);
         series.push({
           id: run.name + "|" + field + "|raw",
           name: label,
@@ -155,7 +158,7 @@
           itemStyle: { opacity: smoothed ? 0.25 : 1 },
           emphasis: { disabled: true },
           z: 2,
-          markLine: panel.marks && run.maxNorm !== null && field === "grad_norm" ? thresholdLine(run.maxNorm, color) : undefined,
+          markLine: threshold ? thresholdLine(run.maxNorm, color) : undefined,
         });
         if (smoothed) {
           series.push({
