@@ -15,6 +15,8 @@ Playwright; no browser is ever downloaded).
   viewport drawn (every chart card overlapping it drew every shown run; the first animation frame
   to begin so); ``one_run_ready_ms`` / ``four_runs_ready_ms`` (median): navigation start -> every
   shown run's history drawn in every chart near the viewport, then two animation frames;
+  ``interactive_ms`` (with ``--compare``): then every chart drawn also with its tooltip and zoom
+  (added right after a first look's draw), then two animation frames;
   ``one_run_heap_mb`` / ``four_runs_heap_mb`` (median):
   the page's JS heap after a forced GC (CDP ``Runtime.getHeapUsage``, 1 MB = 10^6 bytes);
   ``four_runs_history_kb``: the history responses' bodies.
@@ -249,6 +251,22 @@ _READY = """([n, timeoutMs]) => new Promise((resolve, reject) => {
 })"""
 
 
+# After _READY: every chart drawn also has its interaction (the tooltip and zoom a chart drawn for
+# the first look gets right after: ``board.interacting``), then two animation frames. A page without
+# it (an older build, which draws every chart with its interaction) is so at once.
+_INTERACTIVE = """([timeoutMs]) => new Promise((resolve, reject) => {
+  const t0 = performance.now();
+  const tick = () => {
+    const b = window.gradmon.board;
+    if (performance.now() - t0 > timeoutMs) return reject(new Error('page not interactive'));
+    if (!b.dirty && !b.frame && !b.interacting)
+      return requestAnimationFrame(() => requestAnimationFrame(() => resolve(performance.now())));
+    requestAnimationFrame(tick);
+  };
+  tick();
+})"""
+
+
 # The first viewport drawn: every chart card overlapping the 1400x900 viewport drew all ``n`` runs
 # (the handle's ``drawnRuns``). Polled once per animation frame, and timed by that frame's own time
 # stamp: the first frame to begin with those charts drawn, i.e. right after the frame that painted
@@ -329,13 +347,14 @@ def load_page(browser: Any, url: str, runs: int, timeout_ms: float = 120_000) ->
         page.goto(url, wait_until="commit", timeout=timeout_ms)
         viewport = page.evaluate(_VIEWPORT_READY, [runs, timeout_ms])
         ready = page.evaluate(_READY, [runs, timeout_ms])
+        interactive = page.evaluate(_INTERACTIVE, [timeout_ms])
         cdp = ctx.new_cdp_session(page)
         cdp.send("HeapProfiler.collectGarbage")
         heap = cdp.send("Runtime.getHeapUsage")["usedSize"]
         parts = page.evaluate(_REQUESTS)
         return {"viewport_ms": viewport["ms"], "viewport_cards": viewport["cards"], "ready_ms": ready,
-                "heap_mb": heap / 1e6, "history_bytes": _history_bytes(page), **parts,
-                **page.evaluate(_PARTS)}
+                "interactive_ms": interactive, "heap_mb": heap / 1e6, "history_bytes": _history_bytes(page),
+                **parts, **page.evaluate(_PARTS)}
     finally:
         ctx.close()
 
@@ -444,8 +463,9 @@ def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: s
 # ---------------------------------------------------------------------------- two builds
 
 # What compare_builds gives the median of, per build and case (load_page's keys).
-_COMPARED = ("viewport_ms", "ready_ms", "dom_content_loaded_ms", "requests", "script_requests", "script_kb",
-             "heap_mb", "runs_answered_ms", "history_sent_ms", "history_answered_ms", "history_bytes")
+_COMPARED = ("viewport_ms", "ready_ms", "interactive_ms", "dom_content_loaded_ms", "requests",
+             "script_requests", "script_kb", "heap_mb", "runs_answered_ms", "history_sent_ms",
+             "history_answered_ms", "history_bytes")
 
 
 def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20_000,
@@ -457,7 +477,8 @@ def compare_builds(trees: dict[str, str], rounds: int, out_dir: str, n: int = 20
     launched Chromium (1400x900). Medians of ``viewport_ms`` (navigation start -> every chart card
     overlapping the viewport drawn with every shown run, painted), ``ready_ms`` (every chart near
     the viewport drawn: the whole first pass), DOMContentLoaded, the requests, where the time
-    went and ``history_bytes`` (the history answers' bodies, as sent). ``tensorboard``: a
+    went, ``interactive_ms`` (then every chart drawn also has its tooltip and zoom) and
+    ``history_bytes`` (the history answers' bodies, as sent). ``tensorboard``: a
     TensorBoard executable (its own environment); its default page on the same runs as event files
     is opened in the same rounds (label ``tensorboard``, four runs: its default shows every run), or
     the reason it is not is given as ``tensorboard_skipped``. ``cases``: which of one run and four
@@ -658,7 +679,7 @@ def load_tensorboard(browser: Any, url: str, runs: int, timeout_ms: float = 120_
         drawn = page.evaluate(_TB_VIEWPORT_READY, [runs, timeout_ms])
         parts = page.evaluate(_REQUESTS)
         return {"viewport_ms": drawn["ms"], "viewport_cards": drawn["cards"], "ready_ms": drawn["ms"],
-                "heap_mb": None, **parts, **page.evaluate(_PARTS)}
+                "interactive_ms": None, "heap_mb": None, **parts, **page.evaluate(_PARTS)}
     finally:
         ctx.close()
 

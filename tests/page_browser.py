@@ -131,8 +131,10 @@ class Page:
         self.settled()
 
     def settled(self) -> None:
-        """Wait until the board has drawn everything it was asked to (no redraw pending)."""
-        self.wait("window.gradmon.board && !window.gradmon.board.dirty && !window.gradmon.board.frame")
+        """Wait until the board has drawn everything it was asked to (no redraw pending) and every
+        chart drawn has its interaction (tooltip, zoom: added right after a first look's draw)."""
+        self.wait("window.gradmon.board && !window.gradmon.board.dirty && !window.gradmon.board.frame"
+                  " && !window.gradmon.board.interacting")
 
     def show_chart(self, panel: str) -> None:
         """Scroll a chart into view and wait until it is drawn (charts far from the viewport are not)."""

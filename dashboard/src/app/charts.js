@@ -57,7 +57,12 @@
 
     /** Truthy while a redraw is scheduled or under way (`!dirty && !frame`: everything asked for is drawn). */
     get frame() {
-      return this.redraw.busy || this.interactionFrame;
+      return this.redraw.busy;
+    }
+
+    /** Truthy while charts drawn without their interaction (tooltip, zoom) wait for it (_interactionSoon). */
+    get interacting() {
+      return this.interactionFrame;
     }
 
     /** Redraws begun so far. */
