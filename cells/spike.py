@@ -117,6 +117,13 @@ class SpikeConfig:
     def enabled(self) -> bool:
         return self.mode != "off"
 
+    def float32_constants(self) -> tuple[float, float]:
+        """``(1 - alpha, z * z)`` as float32 values (Python floats holding them exactly), computed in
+        float32 as GRAPH mode folds the Python expressions: the op path in both modes and the kernel
+        use these, so they round alike (PYNATIVE would round the float64 result: 10 ulps apart for
+        alpha 0.99)."""
+        return ema_constants(self.alpha, self.z_threshold)
+
     def reference_rule(self) -> EarlyRule:
         """The early rule's settings for :mod:`gradmon.cells.zclip_reference`."""
         return EarlyRule(self.early_window, self.early_min, self.early_z, self.early_min_ratio,
@@ -141,6 +148,13 @@ class SpikeConfig:
             return ()
         return (self.early_window, self.early_min, self.early_z * MAD_SIGMA, math.log(self.early_min_ratio),
                 math.log(self.early_max_ratio), self.floor)
+
+
+def ema_constants(alpha: float, z_threshold: float) -> tuple[float, float]:
+    """``(1 - alpha, z_threshold ** 2)`` computed in float32 (see :meth:`SpikeConfig.float32_constants`)."""
+    one_minus_alpha = np.float32(1.0) - np.float32(alpha)
+    z = np.float32(z_threshold)
+    return float(one_minus_alpha), float(z * z)
 
 
 def norm_state_size(early_window: int) -> int:
@@ -213,7 +227,7 @@ def _loss_update(loss: Tensor, finite: Tensor, part: Tensor, rule: tuple) -> tup
 
 def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha: float,
                  z_threshold: float, early: tuple = (), loss: Tensor | None = None,
-                 loss_rule: tuple = ()) -> tuple:
+                 loss_rule: tuple = (), constants: tuple = ()) -> tuple:
     """One detector step on device.
 
     ``norm`` (float32 scalar) and ``finite`` (bool scalar) describe this step; ``state`` is the
@@ -223,7 +237,10 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     :meth:`SpikeConfig.early_rule` (empty: no early rule, and ``state`` is ``[count, mean, var]``).
     Returns ``(zscore, spike, target, new_state, loss_spike)``: ``target`` is the clip target on a
     spike and ``norm`` otherwise; ``loss_spike`` says the loss test tripped (``spike`` is then True).
-    Non-finite steps leave the state unchanged.
+    Non-finite steps leave the state unchanged. ``constants``: :func:`ema_constants` ``(alpha,
+    z_threshold)``, computed outside the graph (:class:`~gradmon.cells.spike_kernel.SpikeDetector`
+    passes them); without them ``1 - alpha`` and ``z * z`` are Python arithmetic, which GRAPH mode
+    folds in float32 and PYNATIVE in float64.
 
     ``loss`` (float32 scalar, the step's loss) and ``loss_rule`` (:meth:`SpikeConfig.loss_rule`)
     add the loss test; its part of the state, ``[loss_count, loss_scale, loss ring...]``, follows
@@ -240,6 +257,7 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     """
     if loss_rule and loss is None:
         raise ValueError("zclip_update: the loss test (loss_rule) needs the step's loss")
+    one_minus_alpha, z_squared = constants if constants else (1.0 - alpha, z_threshold * z_threshold)
     norm_size = norm_state_size(early[0] if early else 0)
     count, mean, var, scale, ring = state[0], state[1], state[2], state[3:4], state[4:norm_size]
     in_warmup = count < warmup
@@ -249,12 +267,14 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     spike = ops.logical_and(active, z_raw > z_threshold)
     zscore = ops.select(active, z_raw, ops.zeros_like(norm))
     # On a spike z_raw > z_threshold > 0; elsewhere the quotient is discarded by select.
-    target = ops.select(spike, mean + (z_threshold * z_threshold) * std / z_raw, norm)
+    target = ops.select(spike, mean + z_squared * std / z_raw, norm)
     if early:
         early_z, early_spike, early_target, med = _early_rule(norm, count, ring, z_threshold, early)
         has_ring = count >= early[1]
         scale = ops.select(has_ring, ops.maximum(scale, ops.exp(med)), scale)  # (shape (1,))
-        above_floor = ops.logical_not(has_ring) | (norm > early[5] * scale[0])
+        # floor 0 is no floor (the kernel's test too: 0 * an overflowed scale would be NaN)
+        floor_level = early[5] * scale[0] if early[5] > 0.0 else 0.0
+        above_floor = ops.logical_not(has_ring) | (norm > floor_level)
         spike = ops.logical_and(spike, above_floor)
         judged = ops.logical_and(ops.logical_and(finite, in_warmup), has_ring)
         early_spike = ops.logical_and(ops.logical_and(judged, early_spike), above_floor)
@@ -269,7 +289,7 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
         target = ops.select(ops.logical_and(loss_spike, ops.logical_not(spike)), ops.minimum(norm, mean),
                             target)
         spike = ops.logical_or(spike, loss_spike)
-    weight = ops.select(in_warmup, 1.0 / (count + 1.0), ops.fill(ms.float32, (), 1.0 - alpha))
+    weight = ops.select(in_warmup, 1.0 / (count + 1.0), ops.fill(ms.float32, (), one_minus_alpha))
     delta = target - mean
     new_mean = mean + weight * delta
     err = target - new_mean

@@ -4,9 +4,8 @@
 selects, an arange...), which a sub-millisecond step feels. ``cells/csrc/spike_detector.cc`` computes
 the same update (EMA z-score, Welford warm-up, the early median/MAD rule, scale and floor, ring write,
 the loss test over its ring of recent losses) in one ``ops.Custom(func_type="aot")`` launch, in
-float32 and in the op path's order of operations; only ``exp`` differs: libm's ``expf`` there, a
-polynomial approximation in MindSpore's CPU kernel (relative error up to ~2e-5), so early clip targets
-and the run's scale may differ in the last digits. It is compiled at first use
+float32 and in the op path's order of operations, with MindSpore's CPU ``exp`` (its polynomial, not
+libm's ``expf``): the same bits as the op path. It is compiled at first use
 (:mod:`gradmon.cells.fused_build`) and self-tested against :mod:`gradmon.cells.zclip_reference`
 through ctypes before MindSpore ever loads it.
 
@@ -73,14 +72,14 @@ class DetectorKernelFallbackWarning(RuntimeWarning):
 
 
 def kernel_params(config: SpikeConfig) -> np.ndarray:
-    """The kernel's float32 constants for ``config``, rounded as the op path's Python constants are
-    in PYNATIVE (``1 - alpha`` and ``z * z`` computed in float64, then float32; GRAPH mode evaluates
-    the op path's ``1.0 - alpha`` in float32, an ulp away for most alphas)."""
+    """The kernel's float32 constants for ``config``: the op path's (``1 - alpha`` and ``z * z``
+    from :meth:`SpikeConfig.float32_constants`, as :class:`SpikeDetector` passes them to it)."""
     early = config.early_rule()
     window, early_min, early_z, log_lo, log_hi, floor = early if early else (0, 0, 0.0, 0.0, 0.0, 0.0)
     loss_window, loss_min, loss_ratio, loss_floor = config.loss_rule() or (0, 0, 0.0, 0.0)
-    z = config.z_threshold
-    values = {"warmup": config.warmup, "one_minus_alpha": 1.0 - config.alpha, "z": z, "z_squared": z * z,
+    one_minus_alpha, z_squared = config.float32_constants()
+    values = {"warmup": config.warmup, "one_minus_alpha": one_minus_alpha, "z": config.z_threshold,
+              "z_squared": z_squared,
               "eps": ZSCORE_EPS, "tiny": TINY_NORM, "window": window, "early_min": early_min,
               "early_z": early_z, "log_lo": log_lo, "log_hi": log_hi, "floor": floor,
               "loss_window": loss_window, "loss_min": loss_min, "loss_ratio": loss_ratio,
@@ -253,6 +252,7 @@ class SpikeDetector(nn.Cell):
         self.warmup, self.alpha, self.z_threshold = config.warmup, config.alpha, config.z_threshold
         self.early = config.early_rule()
         self.loss_rule = config.loss_rule()
+        self.constants = config.float32_constants()
         if self.fused:
             self.kernel = FusedSpikeUpdate()
             self.params = Tensor(kernel_params(config))
@@ -261,7 +261,7 @@ class SpikeDetector(nn.Cell):
         if self.fused:
             return self.kernel(norm, finite, loss, state, self.params)
         return zclip_update(norm, finite, state, self.warmup, self.alpha, self.z_threshold, self.early, loss,
-                            self.loss_rule)
+                            self.loss_rule, self.constants)
 
 
 __all__ = ["DetectorKernelFallbackWarning", "DetectorKernelUnavailableError", "FusedSpikeUpdate",

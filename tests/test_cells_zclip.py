@@ -12,7 +12,7 @@ from gradmon.cells import HistorySnapshot, SpikeConfig
 from gradmon.cells.fused_build import KernelBuildError, find_compiler
 from gradmon.cells.history import BASE_FIELDS, history_fields, unroll_ring
 from gradmon.cells.layer_stats import layer_rows
-from gradmon.cells.spike import initial_state, zclip_update
+from gradmon.cells.spike import ema_constants, initial_state, zclip_update
 from gradmon.cells.spike_kernel import SpikeDetector
 from gradmon.cells.zclip_reference import NO_EARLY_RULE, ZClipState, zclip_run, zclip_step
 from hypothesis import given, settings
@@ -169,7 +169,8 @@ def _device_run(norms, warmup, alpha, z_thr, config: SpikeConfig | None = None, 
         finite = Tensor(bool(np.isfinite(v)))
         if update is None:
             z, spike, target, state, loss_spike = zclip_update(norm, finite, state, warmup, alpha, z_thr,
-                                                               config.early_rule(), loss, config.loss_rule())
+                                                               config.early_rule(), loss, config.loss_rule(),
+                                                               ema_constants(alpha, z_thr))
         else:
             z, spike, target, state, loss_spike = update(norm, finite, state, loss)
         out.append((float(z.asnumpy()), bool(spike.asnumpy()), float(target.asnumpy()),
@@ -270,13 +271,15 @@ loss_values = st.one_of(
 @settings(max_examples=12, deadline=None)
 @given(steps=st.lists(st.tuples(early_norms, loss_values), min_size=1, max_size=16),
        warmup=st.integers(2, 12), window=st.sampled_from([1, 3, 16]), min_history=st.integers(1, 4),
-       ratio=st.sampled_from([2.0, 150.0]), floor=st.sampled_from([0.0, 0.01, 0.5]))
+       ratio=st.sampled_from([2.0, 150.0]), floor=st.sampled_from([0.0, 0.01, 0.5]),
+       early_window=st.sampled_from([0, 4]), alpha=st.sampled_from([0.99, 0.9]))
 def test_device_loss_test_matches_reference_and_kernel_equals_op_path(steps, warmup, window, min_history,
-                                                                      ratio, floor):
-    """The loss test: the op path and the kernel give the same bits (flags, targets, the whole state;
-    no early rule, so no exp), and the reference's verdicts, loss ring and loss scale."""
-    config = SpikeConfig(mode="detect", warmup=warmup, early_window=0, loss_window=window,
-                         loss_min=min_history, loss_ratio=ratio, loss_floor=floor)
+                                                                      ratio, floor, early_window, alpha):
+    """The op path and the kernel give the same bits (flags, targets, the whole state; the early rule's
+    exp included), and the loss test the reference's verdicts, loss ring and loss scale."""
+    config = SpikeConfig(mode="detect", warmup=warmup, alpha=alpha, early_window=early_window,
+                         early_min=2, loss_window=window, loss_min=min_history, loss_ratio=ratio,
+                         loss_floor=floor)
     norms = [float(np.float32(n)) for n, _ in steps]
     losses = [float(np.float32(loss)) for _, loss in steps]
     ops_steps, ops_state = _device_run(norms, warmup, config.alpha, config.z_threshold, config, "ops", losses)
@@ -289,8 +292,8 @@ def test_device_loss_test_matches_reference_and_kernel_equals_op_path(steps, war
         np.testing.assert_array_equal(a, b)
     assert ops_state[:3] == ker_state[:3]
     ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=config.alpha,
-                                     z_threshold=config.z_threshold, early=NO_EARLY_RULE, losses=losses,
-                                     loss_rule=config.reference_loss_rule())
+                                     z_threshold=config.z_threshold, early=config.reference_rule(),
+                                     losses=losses, loss_rule=config.reference_loss_rule())
     assert [s.loss_spike for s in ref_steps] == [d[3] for d in ker_steps]
     assert all(s.spike >= s.loss_spike for s in ref_steps)
     count, scale, ring = ker_state[5][0], ker_state[5][1], ker_state[5][2:]

@@ -5,9 +5,9 @@
 // median of a ring of recent losses, with the run's loss scale as a floor).
 //
 // Every quantity is float32 and every operation is the op path's, in its order (a + b * c / d reads
-// as there); the one difference is exp, which is libm's expf here and a polynomial approximation in
-// MindSpore's CPU kernel (relative error up to ~2e-5). log is libm's logf in both. The median of the
-// n <= 16 filled ring slots is a small insertion sort. No constant lives here: the Python side passes
+// as there), so the kernel and the op path give the same bits. exp is MindSpore's own (MsCpuExp
+// below: the polynomial of its CPU Exp kernel, not libm's expf); log is libm's logf in both. The
+// median of the n <= 16 filled ring slots is a small insertion sort. No constant lives here: the Python side passes
 // every setting (from SpikeConfig) in the `params` input, whose layout is kParam* below.
 //
 // Signature (the aot ABI): int f(int nparam, void **params, int *ndims, int64_t **shapes,
@@ -57,6 +57,34 @@ int64_t Elements(int ndim, const int64_t *shape) {
 bool Is(const char *dtype, const char *name) { return std::strcmp(dtype, name) == 0; }
 bool IsF32(const char *dtype) { return Is(dtype, "float32") || Is(dtype, "float"); }
 
+// exp exactly as MindSpore's CPU Exp kernel computes it on a 1-element float32 tensor (the op path's
+// exps are all on shape () or (1,) tensors). That kernel runs nnacl's ExpFp32, whose 1 to 3 leftover
+// elements (all of a 1-element tensor) take its scalar loop, then copies NaN inputs through. Read
+// from MindSpore 2.10's x86-64 libnnacl.so: clamp to [-87.3365, 88.7228] (so -inf -> 0, inf -> inf);
+// n = floor(x * log2(e) + 0.5); d = x - n * ln2; a degree-5 Taylor polynomial in d by Horner; times
+// 2^n built as 2 * 2^(n-1) from the exponent bits (n = -126 gives 0). Its build contracts every
+// a * b + c into one fused multiply-add, hence fmaf (libm's, correctly rounded like the instruction).
+// Large tensors take its AVX/AVX-512 loops instead, which multiply by 2^(n-1) before doubling: other
+// bits where x >= 88.3765 (finite there, inf here) and in the subnormal band near -86.5. Tested
+// against ops.exp over a sweep of float32 (tests/test_cells_spike_exp.py).
+float MsCpuExp(float x) {
+  if (std::isnan(x)) return x;
+  constexpr float kMax = 88.72283935546875f, kMin = -87.3365478515625f;
+  constexpr float kLog2e = 1.44269502f, kLn2 = 0.693147f;  // float32 0x3fb8aa3b, 0x3f317215
+  const float t = x < kMax ? (x > kMin ? x : kMin) : kMax;
+  const float n = std::floor(std::fmaf(t, kLog2e, 0.5f));
+  const float d = std::fmaf(-n, kLn2, t);
+  float poly = std::fmaf(d, 1.0f / 120, 1.0f / 24);
+  poly = std::fmaf(d, poly, 1.0f / 6);
+  poly = std::fmaf(d, poly, 0.5f);
+  poly = std::fmaf(d, poly, 1.0f);
+  poly = std::fmaf(d, poly, 1.0f);
+  const int32_t bits = (static_cast<int32_t>(n) + 126) << 23;  // n in [-126, 128]
+  float half_power;
+  std::memcpy(&half_power, &bits, sizeof(float));
+  return (half_power + half_power) * poly;
+}
+
 float Max(float a, float b) { return a > b ? a : b; }  // operands are never NaN where used
 float Min(float a, float b) { return a < b ? a : b; }
 
@@ -90,6 +118,11 @@ float MedianOfFirst(const float *ring, float n, float *scratch) {
 extern "C" {
 
 int GradmonSpikeDetectorAbi() { return kAbiVersion; }
+
+// The kernel's exp over n floats, for its tests (through ctypes).
+void GradmonSpikeExp(const float *x, float *y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = MsCpuExp(x[i]);
+}
 
 int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                        void *) {
@@ -150,15 +183,15 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
       const float dev = std::log(Max(norm, p[kParamTiny])) - med;
       const bool early_spike = dev > thr;
       const float early_z = z * dev / thr;
-      scale = Max(scale, std::exp(med));
-      // floor 0 is no floor, also where libm's expf overflows a median of log(FLT_MAX) to inf (0 * inf
-      // would be NaN; MindSpore's exp saturates there instead).
+      scale = Max(scale, MsCpuExp(med));
+      // floor 0 is no floor, also where exp overflows a median near log(FLT_MAX) to inf (0 * inf
+      // would be NaN).
       const bool above_floor = norm > (p[kParamFloor] > 0.0f ? p[kParamFloor] * scale : 0.0f);
       spike = spike && above_floor;
       if (finite && in_warmup) {  // judged
         zscore = early_z;
         if (early_spike && above_floor) {
-          target = std::exp(med + thr * thr / Max(dev, thr));
+          target = MsCpuExp(med + thr * thr / Max(dev, thr));
           spike = true;
         }
       }
