@@ -43,7 +43,7 @@ def detector_kernel_off(off: bool) -> Iterator[None]:
 
 def update_cells() -> tuple[dict[str, Any], tuple]:
     """``{"ops": cell, "kernel": cell, "kernel_noloss": cell}`` each running one detector update
-    (default SpikeConfig; the last without the loss test)."""
+    (default SpikeConfig, its learning-rate test included; the last without the loss test)."""
     import numpy as np
     from gradmon.cells.spike import SpikeConfig, initial_state
     from gradmon.cells.spike_kernel import SpikeDetector
@@ -55,15 +55,15 @@ def update_cells() -> tuple[dict[str, Any], tuple]:
             self.detector = SpikeDetector(config, fused=fused)
             self.state = Parameter(Tensor(initial_state(config)), name="state", requires_grad=False)
 
-        def construct(self, norm, loss):
-            zscore, spike, target, state, _ = self.detector(norm, ops.isfinite(norm), self.state, loss)
+        def construct(self, norm, loss, lr):
+            zscore, spike, target, state, _, _ = self.detector(norm, ops.isfinite(norm), self.state, loss, lr)
             ops.assign(self.state, state)
             return zscore, spike, target
 
     config = SpikeConfig(mode="skip")
     cells = {"ops": UpdateOnly(False, config), "kernel": UpdateOnly(True, config),
              "kernel_noloss": UpdateOnly(True, SpikeConfig(mode="skip", loss_window=0))}
-    return cells, (Tensor(np.float32(1.5)), Tensor(np.float32(0.7)))
+    return cells, (Tensor(np.float32(1.5)), Tensor(np.float32(0.7)), Tensor(np.float32(1e-3)))
 
 
 SPIKE_VARIANTS = {"gm_detect": "detect", "gm_spike_clip": "clip", "gm_spike_skip": "skip"}
