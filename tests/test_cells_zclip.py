@@ -350,10 +350,12 @@ def test_reference_loss_test_flags_the_loss_the_norm_misses():
 
 def test_state_shape_follows_the_early_window():
     d = SpikeConfig()
-    assert initial_state(d).shape == (4 + d.early_window + 2 + d.loss_window,)
-    off = SpikeConfig(early_window=0, loss_window=0)
+    assert initial_state(d).shape == (4 + d.early_window + 2 + d.loss_window + 2,)  # ... + [lr_count, lr_top]
+    off = SpikeConfig(early_window=0, loss_window=0, lr_ratio=0)
     assert initial_state(off).shape == (3,) and off.early_rule() == () and off.loss_rule() == ()
-    assert initial_state(SpikeConfig(early_window=0)).shape == (3 + 2 + d.loss_window,)
+    assert off.lr_rule() == ()
+    assert initial_state(SpikeConfig(early_window=0)).shape == (3 + 2 + d.loss_window + 2,)
+    assert initial_state(SpikeConfig(lr_ratio=0)).shape == (4 + d.early_window + 2 + d.loss_window,)
 
 
 # --------------------------------------------------------------------------------- ring unroll
