@@ -158,7 +158,7 @@ def _device_run(norms, warmup, alpha, z_thr, config: SpikeConfig | None = None, 
     ``lrs``: the learning-rate test's, 1e-3 when not given): per step ``(zscore, spike, target,
     loss_spike, lr_spike)``, and ``(count, mean, var, scale, early ring, loss part, lr part)`` of the
     final state."""
-    config = config or SpikeConfig(early_window=0, loss_window=0)
+    config = config or SpikeConfig(early_window=0, loss_window=0, lr_ratio=0)
     state = Tensor(initial_state(config))
     losses = [0.0] * len(norms) if losses is None else losses
     lrs = [1e-3] * len(norms) if lrs is None else lrs
@@ -235,7 +235,7 @@ early_norms = st.one_of(
        floor=st.sampled_from([0.0, 0.01, 0.5]))
 def test_device_early_rule_matches_reference(impl, norms, warmup, window, ratios, floor):
     config = SpikeConfig(early_window=window, early_min_ratio=ratios[0], early_max_ratio=ratios[1],
-                         floor=floor, loss_window=0)
+                         floor=floor, loss_window=0, lr_ratio=0)
     norms = [float(np.float32(v)) for v in norms]
     ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=config.alpha, z_threshold=config.z_threshold,
                                      early=config.reference_rule())
