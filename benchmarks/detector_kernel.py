@@ -3,13 +3,15 @@
 Two parts, in one process per MindSpore mode:
 
 - ``update``: a cell that runs the detector update and assigns its state, nothing else (the ``ops``
-  path bracketing the ``kernel`` one, and the kernel without the loss test, ``kernel_noloss``);
+  path bracketing the ``kernel`` one, and the kernel without the loss test, ``kernel_noloss``, and
+  without the learning-rate test, ``kernel_nolr``);
   reported in microseconds per update.
 - ``step``: the MLP step (``benchmarks.step_overhead``'s model and settings) with ``spike_mode``
   detect / clip / skip, each built with the kernel and with the op path
   (``GRADMON_FUSED_DETECTOR=0`` while it is built), plus ``gm_clip`` (spike off), the op path
   without the early rule (``spike_early_window=0``: the detector before issue 22) and the kernel
-  without the loss test (``spike_loss_window=0``), bracketed by ``nn.TrainOneStepCell``.
+  without the loss test (``spike_loss_window=0``) and without the learning-rate test
+  (``spike_lr_ratio=0``), bracketed by ``nn.TrainOneStepCell``.
 
 Run pinned, e.g. ``taskset -c 1 .venv/bin/python -m benchmarks.detector_kernel --mode GRAPH --clock cpu``.
 """
@@ -42,8 +44,9 @@ def detector_kernel_off(off: bool) -> Iterator[None]:
 
 
 def update_cells() -> tuple[dict[str, Any], tuple]:
-    """``{"ops": cell, "kernel": cell, "kernel_noloss": cell}`` each running one detector update
-    (default SpikeConfig; the last without the loss test)."""
+    """``{"ops": cell, "kernel": cell, "kernel_noloss": cell, "kernel_nolr": cell}`` each running one
+    detector update (default SpikeConfig, its learning-rate test included; the last two without the
+    loss test, without the learning-rate test)."""
     import numpy as np
     from gradmon.cells.spike import SpikeConfig, initial_state
     from gradmon.cells.spike_kernel import SpikeDetector
@@ -55,15 +58,16 @@ def update_cells() -> tuple[dict[str, Any], tuple]:
             self.detector = SpikeDetector(config, fused=fused)
             self.state = Parameter(Tensor(initial_state(config)), name="state", requires_grad=False)
 
-        def construct(self, norm, loss):
-            zscore, spike, target, state, _ = self.detector(norm, ops.isfinite(norm), self.state, loss)
+        def construct(self, norm, loss, lr):
+            zscore, spike, target, state, _, _ = self.detector(norm, ops.isfinite(norm), self.state, loss, lr)
             ops.assign(self.state, state)
             return zscore, spike, target
 
     config = SpikeConfig(mode="skip")
     cells = {"ops": UpdateOnly(False, config), "kernel": UpdateOnly(True, config),
-             "kernel_noloss": UpdateOnly(True, SpikeConfig(mode="skip", loss_window=0))}
-    return cells, (Tensor(np.float32(1.5)), Tensor(np.float32(0.7)))
+             "kernel_noloss": UpdateOnly(True, SpikeConfig(mode="skip", loss_window=0)),
+             "kernel_nolr": UpdateOnly(True, SpikeConfig(mode="skip", lr_ratio=0))}
+    return cells, (Tensor(np.float32(1.5)), Tensor(np.float32(0.7)), Tensor(np.float32(1e-3)))
 
 
 SPIKE_VARIANTS = {"gm_detect": "detect", "gm_spike_clip": "clip", "gm_spike_skip": "skip"}
@@ -98,6 +102,8 @@ def step_cells(smoke: bool = False) -> tuple[dict[str, Any], tuple]:
                                                                 spike_mode="skip", spike_early_window=0)
     cells["gm_spike_skip_noloss_kernel"] = MonitoredTrainStep(net, opt, max_norm=MAX_NORM, spike_mode="skip",
                                                               spike_loss_window=0)
+    cells["gm_spike_skip_nolr_kernel"] = MonitoredTrainStep(net, opt, max_norm=MAX_NORM, spike_mode="skip",
+                                                            spike_lr_ratio=0)
     return cells, inputs
 
 

@@ -112,7 +112,7 @@ def step_learning_rate(optimizer: Any) -> Tensor:
 class StepOutputs:
     """The output half of the monitored step cells (mixed into ``MonitoredTrainStep``): the rate a step
     used and the output tuple of the cell's ``output_layout``. Uses the cell's ``optimizer``,
-    ``return_grad``, ``loss_scale``, ``weight_names`` and ``_one``."""
+    ``return_grad``, ``loss_scale``, ``weight_names``, ``spike_lr`` and ``_one``."""
 
     def _setup_outputs(self, options: Any) -> None:
         self.output_layout = options.output_layout
@@ -121,8 +121,9 @@ class StepOutputs:
         self._nan = Tensor(math.nan, ms.float32)
 
     def _step_learning_rate(self):
-        """The rate this step's update uses (the mindformers layout reports it); else a constant."""
-        if self.mindformers_layout and self.lr_readable:
+        """The rate this step's update uses (the mindformers layout reports it, the detector's
+        learning-rate test judges it); else a constant."""
+        if (self.mindformers_layout or self.spike_lr) and self.lr_readable:
             return step_learning_rate(self.optimizer)
         return self._nan
 

@@ -46,8 +46,9 @@ class StepOptions:
     - ``spike_mode``: ``"off"``, ``"detect"``, ``"clip"`` or ``"skip"`` (see :class:`SpikeConfig`);
       ``spike_warmup``, ``spike_alpha``, ``spike_z``, ``spike_early_window``, ``spike_early_min_ratio``,
       ``spike_early_max_ratio``, ``spike_floor``, ``spike_loss_window``, ``spike_loss_ratio``,
-      ``spike_loss_floor``: detector settings (defaults in :class:`SpikeConfig`; ``spike_loss_window=0``
-      turns the detector's loss test off).
+      ``spike_loss_floor``, ``spike_lr_ratio``: detector settings (defaults in :class:`SpikeConfig`;
+      ``spike_loss_window=0`` turns the detector's loss test off, ``spike_lr_ratio=0`` its
+      learning-rate test).
     - ``history_size``: rows of the device history ring (0 disables it and its counters).
     - ``local_norm``: also record each rank's own norm (before the data-parallel reduction, without
       the other ranks' slices of sharded parameters).
@@ -87,6 +88,7 @@ class StepOptions:
     spike_loss_window: int = SpikeConfig.loss_window
     spike_loss_ratio: float = SpikeConfig.loss_ratio
     spike_loss_floor: float = SpikeConfig.loss_floor
+    spike_lr_ratio: float = SpikeConfig.lr_ratio
     history_size: int = 1024
     local_norm: bool = False
     layer_stats: bool = False
@@ -133,7 +135,7 @@ class StepOptions:
             if _is_int(getattr(self, name)):
                 set_(self, name, int(getattr(self, name)))
         for name in ("spike_alpha", "spike_z", "spike_early_min_ratio", "spike_early_max_ratio",
-                     "spike_floor", "spike_loss_ratio", "spike_loss_floor"):
+                     "spike_floor", "spike_loss_ratio", "spike_loss_floor", "spike_lr_ratio"):
             value = getattr(self, name)
             if not _is_number(value):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
@@ -160,7 +162,7 @@ class StepOptions:
                            early_min_ratio=self.spike_early_min_ratio,
                            early_max_ratio=self.spike_early_max_ratio, floor=self.spike_floor,
                            loss_window=self.spike_loss_window, loss_ratio=self.spike_loss_ratio,
-                           loss_floor=self.spike_loss_floor)
+                           loss_floor=self.spike_loss_floor, lr_ratio=self.spike_lr_ratio)
 
     def as_dict(self) -> dict[str, Any]:
         """Every option by name (for ``gradmon_config()``)."""

@@ -28,10 +28,13 @@ from .zclip_reference import (
     LOSS_MIN,
     LOSS_RATIO,
     LOSS_WINDOW,
+    LR_MIN,
+    LR_RATIO,
     MAD_SIGMA,
     TINY_NORM,
     EarlyRule,
     LossRule,
+    LrRule,
 )
 
 SPIKE_MODES = ("off", "detect", "clip", "skip")
@@ -66,6 +69,14 @@ class SpikeConfig:
     a loss-only spike ``clip`` scales the gradients to the norm's running level (the detector's
     mean; never up) and ``skip`` skips the step. The step's loss must be passed
     (``MonitoredTrainStep`` does; it is the unscaled loss, the micro-batches' mean under accumulation).
+    ``lr_ratio``: the learning-rate test (10; 0: off). From the ``lr_min + 1``-th step with a finite
+    rate > 0 (4: the 5th), a step whose learning rate is more than ``lr_ratio`` times the largest rate
+    of the run's earlier steps is a spike, whatever its gradient (one step at lr x100 moves Adam's
+    weights 100x). The largest rate takes every finite rate, flagged or not: a deliberate change of
+    the schedule is flagged once; warm-up ramps (<= 2x per step) and warm restarts (back to a rate
+    already seen) never trip it. ``skip`` skips such a step; ``clip`` and ``detect`` only flag it
+    (clipping the gradient cannot bound an Adam step's size). ``MonitoredTrainStep`` passes the rate
+    its optimizer uses this step, and turns the test off when it cannot read it.
 
     The defaults are measured (docs/cells.md, "Why these defaults"): ZClip's own flag 3-6 % of the
     ordinary steps of small-data CPU runs; these flag none of the suite's clean steps after step 10
@@ -86,6 +97,8 @@ class SpikeConfig:
     loss_min: int = LOSS_MIN
     loss_ratio: float = LOSS_RATIO
     loss_floor: float = LOSS_FLOOR
+    lr_ratio: float = LR_RATIO
+    lr_min: int = LR_MIN
 
     def __post_init__(self) -> None:
         if self.mode not in SPIKE_MODES:
@@ -97,7 +110,8 @@ class SpikeConfig:
             raise ValueError(f"spike_alpha must be in (0, 1), got {self.alpha!r}")
         if not float(self.z_threshold) > 0.0:
             raise ValueError(f"spike_z must be > 0, got {self.z_threshold!r}")
-        for name, low in (("early_window", 0), ("early_min", 1), ("loss_window", 0), ("loss_min", 1)):
+        for name, low in (("early_window", 0), ("early_min", 1), ("loss_window", 0), ("loss_min", 1),
+                          ("lr_min", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"spike_{name} must be an int >= {low}, got {value!r}")
@@ -105,6 +119,8 @@ class SpikeConfig:
             raise ValueError(f"spike_loss_ratio must be a finite number > 0, got {self.loss_ratio!r}")
         if not 0.0 <= float(self.loss_floor) < math.inf:
             raise ValueError(f"spike_loss_floor must be a finite number >= 0, got {self.loss_floor!r}")
+        if not (float(self.lr_ratio) == 0.0 or 1.0 < float(self.lr_ratio) < math.inf):
+            raise ValueError(f"spike_lr_ratio must be 0 (off) or a finite number > 1, got {self.lr_ratio!r}")
         if not 0.0 <= float(self.floor) < 1.0:
             raise ValueError(f"spike_floor must be in [0, 1), got {self.floor!r}")
         if not float(self.early_z) >= 0.0:
@@ -117,6 +133,13 @@ class SpikeConfig:
     def enabled(self) -> bool:
         return self.mode != "off"
 
+    def float32_constants(self) -> tuple[float, float]:
+        """``(1 - alpha, z * z)`` as float32 values (Python floats holding them exactly), computed in
+        float32 as GRAPH mode folds the Python expressions: the op path in both modes and the kernel
+        use these, so they round alike (PYNATIVE would round the float64 result: 10 ulps apart for
+        alpha 0.99)."""
+        return ema_constants(self.alpha, self.z_threshold)
+
     def reference_rule(self) -> EarlyRule:
         """The early rule's settings for :mod:`gradmon.cells.zclip_reference`."""
         return EarlyRule(self.early_window, self.early_min, self.early_z, self.early_min_ratio,
@@ -125,6 +148,16 @@ class SpikeConfig:
     def reference_loss_rule(self) -> LossRule:
         """The loss test's settings for :mod:`gradmon.cells.zclip_reference`."""
         return LossRule(self.loss_window, self.loss_min, self.loss_ratio, self.loss_floor)
+
+    def reference_lr_rule(self) -> LrRule:
+        """The learning-rate test's settings for :mod:`gradmon.cells.zclip_reference`."""
+        return LrRule(float(self.lr_ratio), self.lr_min)
+
+    def lr_rule(self) -> tuple:
+        """The learning-rate test's constants for :func:`zclip_update` (``()``: off): ``(min, ratio)``."""
+        if not self.lr_ratio:
+            return ()
+        return (self.lr_min, float(self.lr_ratio))
 
     def loss_rule(self) -> tuple:
         """The loss test's constants for :func:`zclip_update` (``()``: off): ``(window, min, ratio,
@@ -143,6 +176,13 @@ class SpikeConfig:
                 math.log(self.early_max_ratio), self.floor)
 
 
+def ema_constants(alpha: float, z_threshold: float) -> tuple[float, float]:
+    """``(1 - alpha, z_threshold ** 2)`` computed in float32 (see :meth:`SpikeConfig.float32_constants`)."""
+    one_minus_alpha = np.float32(1.0) - np.float32(alpha)
+    z = np.float32(z_threshold)
+    return float(one_minus_alpha), float(z * z)
+
+
 def norm_state_size(early_window: int) -> int:
     """Floats of the norm tests' part of the state: ``[count, mean, var]`` (+ ``[scale, ring...]``)."""
     return 3 + (1 + early_window if early_window else 0)
@@ -151,10 +191,11 @@ def norm_state_size(early_window: int) -> int:
 def initial_state(config: SpikeConfig) -> np.ndarray:
     """The detector's state before the first step: ``[count, mean, var]``, then with the early
     rule the run's scale and the ring of ``early_window`` log-norms, then with the loss test
-    ``[loss_count, loss_scale]`` and the ring of ``loss_window`` losses (all zeros; the counts say
-    which slots hold values)."""
+    ``[loss_count, loss_scale]`` and the ring of ``loss_window`` losses, then with the learning-rate
+    test ``[lr_count, lr_top]`` (all zeros; the counts say which slots hold values)."""
     loss = 2 + config.loss_window if config.loss_window else 0
-    return np.zeros(norm_state_size(config.early_window) + loss, np.float32)
+    lr = 2 if config.lr_ratio else 0
+    return np.zeros(norm_state_size(config.early_window) + loss + lr, np.float32)
 
 
 def _median_of_first(sorted_values: Tensor, n: Tensor, slots: Tensor) -> Tensor:
@@ -211,9 +252,23 @@ def _loss_update(loss: Tensor, finite: Tensor, part: Tensor, rule: tuple) -> tup
     return spike, ops.select(ops.broadcast_to(ok, (2 + window,)), new_part, part)
 
 
+def _lr_update(lr: Tensor, finite: Tensor, part: Tensor, rule: tuple) -> tuple:
+    """The learning-rate test on device: ``(lr_spike, new_part)`` for the state's lr part
+    ``[lr_count, lr_top]`` (see :mod:`gradmon.cells.zclip_reference`); ``rule`` is
+    :meth:`SpikeConfig.lr_rule`. The part moves on every step whose rate is finite and > 0."""
+    min_history, ratio = rule
+    count, top = part[0], part[1]
+    ok = ops.logical_and(ops.isfinite(lr), lr > 0.0)
+    judged = ops.logical_and(ops.logical_and(ok, finite), count >= min_history)
+    spike = ops.logical_and(judged, lr > ratio * top)
+    new_part = ops.stack((count + 1.0, ops.maximum(top, lr)))
+    return spike, ops.select(ops.broadcast_to(ok, (2,)), new_part, part)
+
+
 def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha: float,
                  z_threshold: float, early: tuple = (), loss: Tensor | None = None,
-                 loss_rule: tuple = ()) -> tuple:
+                 loss_rule: tuple = (), constants: tuple = (), lr: Tensor | None = None,
+                 lr_rule: tuple = ()) -> tuple:
     """One detector step on device.
 
     ``norm`` (float32 scalar) and ``finite`` (bool scalar) describe this step; ``state`` is the
@@ -221,14 +276,21 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     finite steps seen; float32 is exact far beyond any warm-up length, and past 2**24 only the
     comparisons with ``warmup`` and the ring's length matter). ``early`` is
     :meth:`SpikeConfig.early_rule` (empty: no early rule, and ``state`` is ``[count, mean, var]``).
-    Returns ``(zscore, spike, target, new_state, loss_spike)``: ``target`` is the clip target on a
-    spike and ``norm`` otherwise; ``loss_spike`` says the loss test tripped (``spike`` is then True).
-    Non-finite steps leave the state unchanged.
+    Returns ``(zscore, spike, target, new_state, loss_spike, lr_spike)``: ``target`` is the clip
+    target on a spike and ``norm`` otherwise; ``loss_spike`` says the loss test tripped (``spike`` is
+    then True); ``lr_spike`` that the learning-rate test did (``spike`` does not include it: an lr
+    spike has no clip target).
+    Non-finite steps leave the state unchanged. ``constants``: :func:`ema_constants` ``(alpha,
+    z_threshold)``, computed outside the graph (:class:`~gradmon.cells.spike_kernel.SpikeDetector`
+    passes them); without them ``1 - alpha`` and ``z * z`` are Python arithmetic, which GRAPH mode
+    folds in float32 and PYNATIVE in float64.
 
     ``loss`` (float32 scalar, the step's loss) and ``loss_rule`` (:meth:`SpikeConfig.loss_rule`)
     add the loss test; its part of the state, ``[loss_count, loss_scale, loss ring...]``, follows
     the norm tests' and moves on finite steps whose loss is finite. A step it flags that the norm
-    tests do not gets the target ``min(norm, mean)``.
+    tests do not gets the target ``min(norm, mean)``. ``lr`` (float32 scalar, the rate this step's
+    update uses) and ``lr_rule`` (:meth:`SpikeConfig.lr_rule`) add the learning-rate test; its part,
+    ``[lr_count, lr_top]``, comes last.
 
     During the EMA's warm-up the early rule judges (from its ``min_history``-th norm on): the
     ring's median and MAD of log-norms. Warm-up and EMA share one recursion,
@@ -240,6 +302,9 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     """
     if loss_rule and loss is None:
         raise ValueError("zclip_update: the loss test (loss_rule) needs the step's loss")
+    if lr_rule and lr is None:
+        raise ValueError("zclip_update: the learning-rate test (lr_rule) needs the step's learning rate")
+    one_minus_alpha, z_squared = constants if constants else (1.0 - alpha, z_threshold * z_threshold)
     norm_size = norm_state_size(early[0] if early else 0)
     count, mean, var, scale, ring = state[0], state[1], state[2], state[3:4], state[4:norm_size]
     in_warmup = count < warmup
@@ -249,12 +314,14 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     spike = ops.logical_and(active, z_raw > z_threshold)
     zscore = ops.select(active, z_raw, ops.zeros_like(norm))
     # On a spike z_raw > z_threshold > 0; elsewhere the quotient is discarded by select.
-    target = ops.select(spike, mean + (z_threshold * z_threshold) * std / z_raw, norm)
+    target = ops.select(spike, mean + z_squared * std / z_raw, norm)
     if early:
         early_z, early_spike, early_target, med = _early_rule(norm, count, ring, z_threshold, early)
         has_ring = count >= early[1]
         scale = ops.select(has_ring, ops.maximum(scale, ops.exp(med)), scale)  # (shape (1,))
-        above_floor = ops.logical_not(has_ring) | (norm > early[5] * scale[0])
+        # floor 0 is no floor (the kernel's test too: 0 * an overflowed scale would be NaN)
+        floor_level = early[5] * scale[0] if early[5] > 0.0 else 0.0
+        above_floor = ops.logical_not(has_ring) | (norm > floor_level)
         spike = ops.logical_and(spike, above_floor)
         judged = ops.logical_and(ops.logical_and(finite, in_warmup), has_ring)
         early_spike = ops.logical_and(ops.logical_and(judged, early_spike), above_floor)
@@ -262,14 +329,16 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
         target = ops.select(early_spike, early_target, target)
         spike = ops.logical_or(spike, early_spike)
     loss_spike = ops.zeros_like(finite)
-    loss_part = state[norm_size:]  # the loss test's state (empty without it), unchanged unless below
+    lr_spike = ops.zeros_like(finite)
+    loss_end = norm_size + (2 + loss_rule[0] if loss_rule else 0)
+    loss_part = state[norm_size:loss_end]  # the loss test's state (empty without it), unchanged unless below
     if loss_rule:
-        loss_spike, loss_part = _loss_update(loss, finite, state[norm_size:], loss_rule)
+        loss_spike, loss_part = _loss_update(loss, finite, loss_part, loss_rule)
         # A loss-only spike is clipped to the norm's running level (never up).
         target = ops.select(ops.logical_and(loss_spike, ops.logical_not(spike)), ops.minimum(norm, mean),
                             target)
         spike = ops.logical_or(spike, loss_spike)
-    weight = ops.select(in_warmup, 1.0 / (count + 1.0), ops.fill(ms.float32, (), 1.0 - alpha))
+    weight = ops.select(in_warmup, 1.0 / (count + 1.0), ops.fill(ms.float32, (), one_minus_alpha))
     delta = target - mean
     new_mean = mean + weight * delta
     err = target - new_mean
@@ -282,8 +351,13 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
         logged = ops.broadcast_to(ops.log(ops.maximum(target, TINY_NORM)), (window,))
         new_ring = ops.select(here, logged, ring)
         stats = ops.concat((stats, scale, new_ring))
-    if not loss_rule:
+    if not loss_rule and not lr_rule:
         new_state = ops.select(ops.broadcast_to(finite, (norm_size,)), stats, state)
-        return zscore, spike, target, new_state, loss_spike
-    norm_part = ops.select(ops.broadcast_to(finite, (norm_size,)), stats, state[:norm_size])
-    return zscore, spike, target, ops.concat((norm_part, loss_part)), loss_spike
+        return zscore, spike, target, new_state, loss_spike, lr_spike
+    parts = (ops.select(ops.broadcast_to(finite, (norm_size,)), stats, state[:norm_size]),)
+    if loss_rule:
+        parts = parts + (loss_part,)  # noqa: RUF005
+    if lr_rule:
+        lr_spike, lr_part = _lr_update(lr, finite, state[loss_end:], lr_rule)
+        parts = parts + (lr_part,)  # noqa: RUF005
+    return zscore, spike, target, ops.concat(parts), loss_spike, lr_spike

@@ -18,6 +18,7 @@ the N micro-batches' gradients (another tensor condition; see :meth:`MonitoredTr
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import mindspore as ms
@@ -30,7 +31,7 @@ from .forensics import setup_forensics
 from .fused_norm import FusedNormRecord
 from .history import COUNTER_NAMES, history_fields
 from .host_read import HostReadMixin
-from .layouts import StepOutputs, backward_seed, split_network_outputs
+from .layouts import StepOutputs, backward_seed, has_learning_rate, split_network_outputs
 from .norm_ops import clip_coefficient, scale_grads
 from .norm_strategies import GlobalNorm
 from .options import StepOptions, check_stock_arguments
@@ -129,6 +130,8 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
     def _setup_monitoring(self, options: StepOptions) -> None:
         max_norm, spike, history_size = options.max_norm, options.spike, options.history_size
         layer_stats, loss_scale = options.layer_stats, self._loss_scaled
+        if spike.lr_ratio and not has_learning_rate(self.optimizer):
+            spike = replace(spike, lr_ratio=0.0)  # the optimizer's rate is unreadable: no learning-rate test
         self.max_norm = max_norm
         self.skip_nonfinite = options.skip_nonfinite or loss_scale
         self.spike = spike
@@ -144,8 +147,10 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         # Compile-time switches read by construct (plain Python values are constants in GRAPH mode).
         self.has_max_norm = max_norm is not None
         self.spike_on = spike.enabled
-        # The ring's spike column says 2 where the detector's loss test tripped (see _record).
+        # The ring's spike column says 2 where the detector's loss test tripped, 3 where its
+        # learning-rate test did (see _record).
         self.spike_loss_code = spike.enabled and spike.loss_window > 0
+        self.spike_lr = spike.enabled and spike.lr_ratio > 0
         self.spike_clip = spike.mode == "clip"
         self.spike_skip = spike.mode == "skip"
         self.clips = self.has_max_norm or self.spike_clip
@@ -240,9 +245,9 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         lr = self._step_learning_rate()  # before the optimizer advances its global_step
         grads, inv_scale, scale_used = self._backward(outputs, *inputs)
         if self.accumulates:
-            loss, norm, grads = self._accumulate(loss, grads, inv_scale, scale_used)
+            loss, norm, grads = self._accumulate(loss, grads, inv_scale, scale_used, lr)
         else:
-            loss, norm, grads = self._monitored_update(loss, grads, inv_scale, scale_used)
+            loss, norm, grads = self._monitored_update(loss, grads, inv_scale, scale_used, lr)
         return self._step_outputs(loss, norm, grads, extra, lr)
 
     def _forward(self, *inputs):
@@ -258,7 +263,7 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
             grads = self.grad_no_sens(self.network, self.weights)(*inputs)
         return grads, self._one, self._one
 
-    def _accumulate(self, loss, grads, inv_scale, scale_used):
+    def _accumulate(self, loss, grads, inv_scale, scale_used, lr=None):
         """One micro-step: add this micro-batch's gradients (before any reduction) to the accumulator;
         on the N-th, run :meth:`_monitored_update` once on their mean and clear the accumulator.
 
@@ -280,14 +285,15 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
             # The accumulator, read after the add above (the Parameters' reads follow program order).
             mean_loss = loss_sum * self._inv_accum
             loss32, norm, grads = self._monitored_update(mean_loss, self.accum_grads,
-                                                         inv_scale * self._inv_accum, scale_used)
+                                                         inv_scale * self._inv_accum, scale_used, lr)
             loss32 = ops.depend(loss32, self._hyper_map(_clear, self.accum_grads))
             ops.assign(self.accum_loss, self._zero)
             ops.assign(self.micro_step, ops.zeros_like(self.micro_step))
         return loss32, norm, grads
 
-    def _monitored_update(self, loss, grads, inv_scale, scale_used):
-        """Norm, detector, clip, guarded optimizer call and history for one step.
+    def _monitored_update(self, loss, grads, inv_scale, scale_used, lr=None):
+        """Norm, detector, clip, guarded optimizer call and history for one step (``lr``: the rate
+        this step's update uses, for the detector's learning-rate test).
 
         Returns ``(loss, grad_norm, grads)``: ``grads`` after the data-parallel reduction, before clipping.
         Each stage is a helper a subclass may override; they run in this order (their side effects on
@@ -300,8 +306,11 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         else:
             norm = self._global_norm(grads, inv_scale)
             finite = ops.isfinite(norm)
-        zscore, spike, target, loss_spike = self._spike_status(norm, finite, loss)
+        zscore, spike, target, loss_spike, lr_spike = self._spike_status(norm, finite, loss, lr)
+        # Clip on the norm and loss tests alone: an lr spike has no clip target (skip, or a flag).
         coef = self._clip_coefficient(norm, finite, spike, target)
+        if self.spike_lr:
+            spike = ops.logical_or(spike, lr_spike)
         update = self._update_grads(grads, coef, inv_scale)
         apply = self._update_allowed(finite, spike, scale_used)
         loss = self._guarded_update(loss, update, coef, apply)
@@ -312,7 +321,7 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
             nonfinite = ops.logical_not(finite)
             skipped = nonfinite if self.skips_only_nonfinite else ops.logical_not(apply)
             self._record(loss, norm, coef, zscore, clipped, spike, skipped, nonfinite, scale_used, local,
-                         loss_spike)
+                         loss_spike, lr_spike)
         return loss, norm, grads
 
     def _local_norm(self, grads, inv_scale):
@@ -362,20 +371,21 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         ops.assign(self.counts, counts)
         return norm, finite
 
-    def _spike_status(self, norm, finite, loss):
-        """``(zscore, spike, target, loss_spike)`` of the detector, its state advanced (off:
-        ``(0, False, norm, False)``). ``loss`` is the step's loss as the cell returns it: unscaled
+    def _spike_status(self, norm, finite, loss, lr=None):
+        """``(zscore, spike, target, loss_spike, lr_spike)`` of the detector, its state advanced (off:
+        ``(0, False, norm, False, False)``). ``loss`` is the step's loss as the cell returns it: unscaled
         (the loss scale only seeds the backward pass), the micro-batches' mean under accumulation; under
-        data parallel the detector gets the ranks' mean of it."""
+        data parallel the detector gets the ranks' mean of it. ``lr``: the step's rate (every rank's
+        is the same), read with the learning-rate test."""
         if self.spike_on:
             loss32 = _as_scalar_f32(loss)
             if self.spike_loss_reduce:
                 loss32 = self.loss_all_reduce(loss32.reshape((1,))).reshape(()) * self._inv_degree
-            zscore, spike, target, state, loss_spike = self.spike_detector(norm, finite, self.spike_state,
-                                                                           loss32)
+            zscore, spike, target, state, loss_spike, lr_spike = self.spike_detector(
+                norm, finite, self.spike_state, loss32, lr if self.spike_lr else None)
             ops.assign(self.spike_state, state)
-            return zscore, spike, target, loss_spike
-        return self._zero, self._false, norm, self._false
+            return zscore, spike, target, loss_spike, lr_spike
+        return self._zero, self._false, norm, self._false, self._false
 
     def _clip_coefficient(self, norm, finite, spike, target):
         """The factor the update's gradients get (1 when nothing clips, and on a non-finite step)."""
@@ -441,17 +451,19 @@ class MonitoredTrainStep(HostReadMixin, SnapshotMixin, StepOutputs, nn.TrainOneS
         return loss
 
     def _record(self, loss, norm, coef, zscore, clipped, spike, skipped, nonfinite, scale_used, local,
-                loss_spike=None):
+                loss_spike=None, lr_spike=None):
         """Write this step's row into the ring and bump the counters (a handful of tiny kernels).
 
-        With the detector's loss test the ``spike`` column is 2 where the loss tripped it (1: the
-        norm tests alone); the counter counts spike steps either way."""
+        The ``spike`` column is 2 where the detector's loss test tripped it, 3 where its learning-rate
+        test did (either way; 1: the norm tests alone); the counter counts spike steps."""
         loss32 = _as_scalar_f32(loss)
         flags = ops.stack((clipped, spike, skipped, nonfinite))
         flag_values = ops.cast(flags, ms.float32)
-        if self.spike_loss_code:
-            loss_flag = ops.stack((self._false, loss_spike, self._false, self._false))
-            flag_values = flag_values + ops.cast(loss_flag, ms.float32)
+        if self.spike_loss_code or self.spike_lr:
+            extra = ops.cast(loss_spike, ms.float32) if self.spike_loss_code else self._zero
+            if self.spike_lr:
+                extra = ops.maximum(extra, 2.0 * ops.cast(lr_spike, ms.float32))
+            flag_values = flag_values + ops.stack((self._zero, extra, self._zero, self._zero))
         parts = (ops.stack((loss32, norm, coef, zscore)), flag_values)
         # Tuple concatenation, not starred unpacking: GRAPH mode's parser handles the former.
         if self.loss_scale:

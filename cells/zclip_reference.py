@@ -43,6 +43,18 @@ against, and a readable statement of the rule. Two tests share one state:
   outliers, and a lasting shift of the loss becomes the new level after ``window // 2`` steps).
   ``window=0`` (or no loss) turns the test off.
 
+* **Learning-rate test** (:class:`LrRule`, with the step's learning rate): the count of the steps
+  with a finite rate > 0 and the largest such rate so far, ``top``. From the ``min_history``-th such
+  rate on, a finite step whose rate is more than ``ratio`` times ``top`` (the run's earlier steps) is
+  an *lr spike*: one step at lr x100 moves Adam's weights 100x an ordinary step whatever its
+  gradient, which no norm or loss statistic of that step sees. ``top`` takes every finite rate > 0,
+  flagged or not and on non-finite steps too, so a deliberate change of the schedule is flagged once;
+  a warm-up ramp (at most ``ratio`` per step) and a warm restart (back to a rate already seen) never
+  trip it. An lr spike is not a ``spike`` of the norm tests (no clip target: clipping cannot bound an
+  Adam step, whose size does not follow the gradient's); ``lr_spike`` says it, and the step cell
+  skips such a step with ``spike_mode="skip"``, only flags it otherwise. ``ratio=0`` (or no rate)
+  turns the test off.
+
 ``early_window=0`` turns the early rule off (ZClip alone, as gradmon's first detector).
 """
 
@@ -71,6 +83,10 @@ LOSS_WINDOW = 16
 LOSS_MIN = 4
 LOSS_RATIO = 150.0
 LOSS_FLOOR = 0.01
+# The learning-rate test: a rate more than LR_RATIO x the largest rate of the earlier steps, judged
+# from the LR_MIN + 1-th step with a finite rate > 0 (warm-up ramps in the suite move it <= 2x per step).
+LR_RATIO = 10.0
+LR_MIN = 4
 MAD_SIGMA = 1.4826
 TINY_NORM = 1e-30  # log(0) guard: a zero norm counts as this
 
@@ -114,6 +130,21 @@ class LossRule:
 NO_LOSS_RULE = LossRule(window=0)
 
 
+@dataclass(frozen=True)
+class LrRule:
+    """Settings of the learning-rate test; ``ratio=0`` disables it."""
+
+    ratio: float = LR_RATIO
+    min_history: int = LR_MIN
+
+    @property
+    def enabled(self) -> bool:
+        return self.ratio > 0
+
+
+NO_LR_RULE = LrRule(ratio=0.0)
+
+
 @dataclass
 class ZClipState:
     """Detector state: finite steps seen, running mean and variance, the warm-up's norms and the
@@ -128,6 +159,8 @@ class ZClipState:
     loss_count: int = 0  # finite losses of finite steps seen (the loss test's)
     loss_scale: float = 0.0  # the largest |median| of the loss ring so far (a float32 value)
     loss_ring: list[np.float32] = field(default_factory=list)  # the last losses, oldest first
+    lr_count: int = 0  # steps with a finite learning rate > 0 seen (the lr test's)
+    lr_top: float = 0.0  # the largest such rate so far (a float32 value)
 
 
 @dataclass(frozen=True)
@@ -138,6 +171,7 @@ class ZClipStep:
     spike: bool
     target: float  # the clip target on a spike, else the norm itself
     loss_spike: bool = False  # the loss test tripped (then ``spike`` is True too)
+    lr_spike: bool = False  # the learning-rate test tripped (``spike`` says only the norm and loss tests)
 
 
 def _median(values: np.ndarray) -> np.float32:
@@ -178,15 +212,39 @@ def loss_verdict(state: ZClipState, loss: float, rule: LossRule) -> bool:
                 and dev > np.float32(rule.floor) * np.float32(state.loss_scale))
 
 
+def lr_verdict(state: ZClipState, lr: float, finite: bool, rule: LrRule) -> bool:
+    """The learning-rate test on one step's rate (advances ``state.lr_count`` and ``state.lr_top``):
+    True when it trips (only on a finite step)."""
+    rate = np.float32(lr)
+    if not (rule.enabled and np.isfinite(rate) and rate > 0):
+        return False
+    spike = bool(finite and state.lr_count >= rule.min_history
+                 and rate > np.float32(rule.ratio) * np.float32(state.lr_top))
+    state.lr_count += 1
+    state.lr_top = float(max(np.float32(state.lr_top), rate))
+    return spike
+
+
 def zclip_step(state: ZClipState, norm: float, *, warmup: int, alpha: float, z_threshold: float,
                eps: float = 1e-6, early: EarlyRule | None = None, loss: float | None = None,
-               loss_rule: LossRule | None = None) -> ZClipStep:
+               loss_rule: LossRule | None = None, lr: float | None = None,
+               lr_rule: LrRule | None = None) -> ZClipStep:
     """Advance ``state`` (in place) by one gradient norm and return the verdict for that norm.
     ``early``: the early rule's settings (default :class:`EarlyRule`; ``NO_EARLY_RULE``: off).
     ``loss``: the step's loss, judged by ``loss_rule`` (default :class:`LossRule`; ``None``: no
-    loss, the test is off)."""
+    loss, the test is off). ``lr``: the step's learning rate, judged by ``lr_rule`` (default
+    :class:`LrRule`; ``None``: no rate, the test is off)."""
     early = EarlyRule() if early is None else early
     loss_rule = LossRule() if loss_rule is None else loss_rule
+    lr_rule = LrRule() if lr_rule is None else lr_rule
+    lr_spike = lr is not None and lr_verdict(state, lr, math.isfinite(norm), lr_rule)
+    verdict = _norm_and_loss_step(state, norm, warmup, alpha, z_threshold, eps, early, loss, loss_rule)
+    return ZClipStep(verdict.zscore, verdict.spike, verdict.target, verdict.loss_spike, lr_spike)
+
+
+def _norm_and_loss_step(state: ZClipState, norm: float, warmup: int, alpha: float, z_threshold: float,
+                        eps: float, early: EarlyRule, loss: float | None, loss_rule: LossRule) -> ZClipStep:
+    """The norm tests and the loss test of :func:`zclip_step`."""
     if not math.isfinite(norm):
         return ZClipStep(0.0, False, norm)
     judge_loss = loss_rule.enabled and loss is not None and math.isfinite(loss)
@@ -239,12 +297,14 @@ def _loss_flagged(verdict: ZClipStep, norm: float, level: float) -> ZClipStep:
 
 def zclip_run(norms: list[float], *, warmup: int, alpha: float, z_threshold: float,
               eps: float = 1e-6, early: EarlyRule | None = None, losses: list[float] | None = None,
-              loss_rule: LossRule | None = None) -> tuple[list[ZClipStep], ZClipState]:
-    """Run :func:`zclip_step` over ``norms`` (and each step's loss from ``losses``, when given);
-    returns the per-step verdicts and the final state."""
+              loss_rule: LossRule | None = None, lrs: list[float] | None = None,
+              lr_rule: LrRule | None = None) -> tuple[list[ZClipStep], ZClipState]:
+    """Run :func:`zclip_step` over ``norms`` (and each step's loss from ``losses`` and learning rate
+    from ``lrs``, when given); returns the per-step verdicts and the final state."""
     state = ZClipState()
     losses = [None] * len(norms) if losses is None else losses
+    lrs = [None] * len(norms) if lrs is None else lrs
     steps = [zclip_step(state, n, warmup=warmup, alpha=alpha, z_threshold=z_threshold, eps=eps, early=early,
-                        loss=loss, loss_rule=loss_rule)
-             for n, loss in zip(norms, losses)]
+                        loss=loss, loss_rule=loss_rule, lr=lr, lr_rule=lr_rule)
+             for n, loss, lr in zip(norms, losses, lrs)]
     return steps, state

@@ -26,6 +26,7 @@ from mindspore import Tensor, nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gradmon.cells import MonitoredTrainStep
+from gradmon.cells.spike import norm_state_size
 
 from examples.models import MLP, with_loss
 from tests.dp_util import start_data_parallel
@@ -92,8 +93,9 @@ def main() -> None:
     for x, y in global_batches(args.steps):
         spiker(Tensor(x[rank * shard:(rank + 1) * shard]), Tensor(y[rank * shard:(rank + 1) * shard]))
     detector_state = spiker.spike_state.asnumpy()
+    loss_ring_start = norm_state_size(spiker.spike.early_window) + 2  # after [loss_count, loss_scale]
     result = {
-        "loss_ring": detector_state[-16:][:args.steps].astype(float).tolist(),
+        "loss_ring": detector_state[loss_ring_start:loss_ring_start + 16][:args.steps].astype(float).tolist(),
         "rank_losses": spiker.gradmon_read_history().column("loss").tolist(),
         "rank": rank,
         "world": world,

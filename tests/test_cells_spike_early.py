@@ -76,14 +76,14 @@ def test_early_fault_is_skipped(mode):
 
 
 def test_early_rule_off_lets_the_early_fault_through(mode):
-    # spike_early_window=0 (and no loss test) is the old detector: undefended during the warm-up (what
-    # issue 22 measured).
+    # spike_early_window=0 (and no loss or learning-rate test) is the old detector: undefended during the
+    # warm-up (what issue 22 measured).
     import mindspore as ms
 
     ms.set_seed(0)
     net = MLP(hidden=24)
     step = MonitoredTrainStep(with_loss(net), nn.SGD(net.trainable_params(), LR), spike_mode="skip",
-                              spike_early_window=0, spike_loss_window=0)
+                              spike_early_window=0, spike_loss_window=0, spike_lr_ratio=0)
     for seed in range(FAULT_STEP - 1):
         step(*_batch(seed))
     step(*_batch(99, scale=1000.0))

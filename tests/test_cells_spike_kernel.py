@@ -82,6 +82,20 @@ def _losses(name: str, seed: int = 0) -> list[float]:
 
 
 LOSS_SPIKE_STEP = {"zclip": 15, "early": 15, "floor": 40}  # the one step the loss test flags
+LR_SPIKE_STEP = 35  # the one step the learning-rate test flags
+
+
+def _lrs() -> list[float]:
+    """The 45 steps' learning rates: a 5-step warm-up ramp (x2, x1.5, ...), a cosine decay, a NaN rate
+    at step 12, a warm restart at step 26 (back to the peak), x100 at step 35, then the schedule
+    again (its rates now under 10x the x100 step: nothing more flags)."""
+    peak = 1e-3
+    lrs = [peak * (i + 1) / 5 for i in range(5)]
+    lrs += [peak * (0.55 + 0.45 * np.cos(np.pi * i / 21)) for i in range(21)]
+    lrs += [peak * (0.55 + 0.45 * np.cos(np.pi * i / 19)) for i in range(19)]
+    lrs[12] = float("nan")
+    lrs[LR_SPIKE_STEP] *= 100.0
+    return [float(np.float32(v)) for v in lrs]
 
 
 class DetectorStep(nn.Cell):
@@ -92,17 +106,21 @@ class DetectorStep(nn.Cell):
         self.detector = K.SpikeDetector(config, fused=fused)
         self.state = Parameter(Tensor(initial_state(config)), name="state", requires_grad=False)
 
-    def construct(self, norm, loss):
-        zscore, spike, target, state, loss_spike = self.detector(norm, ops.isfinite(norm), self.state, loss)
+    def construct(self, norm, loss, lr):
+        finite = ops.isfinite(norm)
+        zscore, spike, target, state, loss_spike, lr_spike = self.detector(norm, finite, self.state, loss, lr)
         ops.assign(self.state, state)
-        return zscore, spike, target, loss_spike
+        return zscore, spike, target, loss_spike, lr_spike
 
 
-def _run(cell, norms: list[float], losses: list[float]) -> tuple[np.ndarray, ...]:
-    """``(zscore, spike, target, loss_spike)`` per step."""
-    rows = [[o.asnumpy() for o in cell(Tensor(np.float32(v)), Tensor(np.float32(loss)))]
-            for v, loss in zip(norms, losses)]
-    return tuple(np.array([r[i] for r in rows]) for i in range(4))
+def _run(cell, norms: list[float], losses: list[float], lrs: list[float] | None = None
+         ) -> tuple[np.ndarray, ...]:
+    """``(zscore, spike, target, loss_spike, lr_spike)`` per step (``lrs``: default :func:`_lrs`)."""
+    lrs = _lrs() if lrs is None else lrs
+    f32 = np.float32
+    rows = [[o.asnumpy() for o in cell(Tensor(f32(v)), Tensor(f32(loss)), Tensor(f32(lr)))]
+            for v, loss, lr in zip(norms, losses, lrs)]
+    return tuple(np.array([r[i] for r in rows]) for i in range(5))
 
 
 def test_available_here_and_deep_copies():
@@ -111,21 +129,27 @@ def test_available_here_and_deep_copies():
     config = SpikeConfig(mode="skip")
     twin = copy.deepcopy(K.SpikeDetector(config))  # Primitive's own deepcopy would re-call __init__ wrongly
     assert twin.fused
-    out = twin(Tensor(np.float32(2.0)), Tensor(True), Tensor(initial_state(config)), Tensor(np.float32(3.0)))
+    out = twin(Tensor(np.float32(2.0)), Tensor(True), Tensor(initial_state(config)), Tensor(np.float32(3.0)),
+               Tensor(np.float32(0.5)))
     assert out[3].asnumpy()[:3].tolist() == [1.0, 2.0, 0.0]
-    assert out[3].asnumpy()[-18:-15].tolist() == [1.0, 0.0, 3.0]  # the loss test's count, scale, ring[0]
+    assert out[3].asnumpy()[-20:-17].tolist() == [1.0, 0.0, 3.0]  # the loss test's count, scale, ring[0]
+    assert out[3].asnumpy()[-2:].tolist() == [1.0, 0.5]  # the lr test's count and top
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_kernel_matches_the_reference(name):
     config = CONFIGS[name]
     norms, losses = _series(name), _losses(name)
-    zscore, spike, target, loss_spike = _run(DetectorStep(config, fused=True), norms, losses)
+    zscore, spike, target, loss_spike, lr_spike = _run(DetectorStep(config, fused=True), norms, losses)
     ref, ref_state = zclip_run(norms, warmup=config.warmup, alpha=config.alpha,
                                z_threshold=config.z_threshold, early=config.reference_rule(), losses=losses,
-                               loss_rule=config.reference_loss_rule())
+                               loss_rule=config.reference_loss_rule(), lrs=_lrs(),
+                               lr_rule=config.reference_lr_rule())
     assert spike.tolist() == [s.spike for s in ref]
     assert loss_spike.tolist() == [s.loss_spike for s in ref]
+    assert lr_spike.tolist() == [s.lr_spike for s in ref]
+    assert np.flatnonzero(lr_spike).tolist() == [LR_SPIKE_STEP]  # not the ramp, the restart, the NaN
+    assert ref_state.lr_count == 44 and ref_state.lr_top == np.float32(_lrs()[LR_SPIKE_STEP])
     expected_flags = {"zclip": [6, 7, 15, 20, 21, 40], "early": [6, 15, 20, 40], "floor": [6, 38, 40]}[name]
     assert np.flatnonzero(spike).tolist() == expected_flags  # the series tests what it says
     loss_step = LOSS_SPIKE_STEP[name]
@@ -145,36 +169,25 @@ def test_kernel_matches_the_reference(name):
 @pytest.mark.parametrize(("mode", "name"), [("GRAPH", "zclip"), ("GRAPH", "early"), ("GRAPH", "floor"),
                                             ("PYNATIVE", "zclip"), ("PYNATIVE", "floor")], indirect=["mode"])
 def test_kernel_matches_the_op_path(mode, name):
-    """The same verdicts as zclip_update's stock ops. The same bits as in PYNATIVE until an early clip
-    target, whose exp is libm's in the kernel and MindSpore's approximation (relative error ~1e-5) in
-    the op path; GRAPH mode evaluates the op path's ``1.0 - alpha`` in float32 (an ulp off
-    ``float32(1 - alpha)``, the kernel's and PYNATIVE's), which moves the EMA's last bits after its
-    warm-up. The kernel itself gives the same bits in both modes (and through ctypes)."""
+    """The same bits as zclip_update's stock ops, every output and the whole state, in both modes: the
+    kernel's exp is MindSpore's CPU exp (tests/test_cells_spike_exp.py), and both paths take ``1 - alpha``
+    and ``z * z`` from SpikeConfig.float32_constants (GRAPH would fold the Python expressions in float32,
+    PYNATIVE in float64). The kernel gives the same bits through ctypes too."""
     config = CONFIGS[name]
     norms, losses = _series(name), _losses(name)
     fused, stock = DetectorStep(config, fused=True), DetectorStep(config, fused=False)
     assert fused.detector.fused and not stock.detector.fused
     got, want = _run(fused, norms, losses), _run(stock, norms, losses)
-    np.testing.assert_array_equal(got[1], want[1])
-    np.testing.assert_array_equal(got[3], want[3])
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)  # bit for bit (NaN where NaN)
     assert np.flatnonzero(got[3]).tolist() == [LOSS_SPIKE_STEP[name]]
-    first_early = {"zclip": len(norms), "early": 6, "floor": 6}[name]
-    exact = first_early if mode == "PYNATIVE" else min(first_early, config.warmup + 1)
-    # (a z-score near 0 is a difference of near equals)
-    for a, b, atol in zip(got[:3], want[:3], (1e-4, 0, 1e-12)):
-        np.testing.assert_array_equal(a[:exact], b[:exact])  # bit for bit
-        np.testing.assert_allclose(a, b, rtol=2e-5, atol=atol)
+    assert np.flatnonzero(got[4]).tolist() == [LR_SPIKE_STEP]
     state, stock_state = fused.state.asnumpy(), stock.state.asnumpy()
-    if name == "zclip" and mode == "PYNATIVE":  # no exp anywhere: the same bits to the end, state included
-        np.testing.assert_array_equal(state, stock_state)
-    np.testing.assert_allclose(state, stock_state, rtol=2e-5, atol=1e-6)
+    np.testing.assert_array_equal(state, stock_state)
     assert state[0] == len([v for v in norms if np.isfinite(v)])
-    # the loss test's part of the state (count, scale, ring: no exp) is the same bits on both paths
-    np.testing.assert_array_equal(state[-18:], stock_state[-18:])
-    direct = K._run_library(K.library_path(), config, norms, losses)
-    np.testing.assert_array_equal(got[0], [z for z, _, _, _ in direct])
-    np.testing.assert_array_equal(got[2], [t for _, _, t, _ in direct])
-    np.testing.assert_array_equal(got[3], [flag for _, _, _, flag in direct])
+    direct = K._run_library(K.library_path(), config, norms, losses, _lrs())
+    for i in range(5):
+        np.testing.assert_array_equal(got[i], [row[i] for row in direct])
 
 
 def test_inside_ms_jit():
@@ -183,14 +196,15 @@ def test_inside_ms_jit():
     assert detector.fused
 
     @ms.jit
-    def update(norm, state, loss):
-        return detector(norm, ops.isfinite(norm), state, loss)
+    def update(norm, state, loss, lr):
+        return detector(norm, ops.isfinite(norm), state, loss, lr)
 
     norms, losses = _series("early")[:17], _losses("early")[:17]
     state = Tensor(initial_state(config))
     flags = []
     for v, loss in zip(norms, losses):
-        _, spike, _, state, _ = update(Tensor(np.float32(v)), state, Tensor(np.float32(loss)))
+        _, spike, _, state, _, _ = update(Tensor(np.float32(v)), state, Tensor(np.float32(loss)),
+                                          Tensor(np.float32(1e-3)))
         flags.append(bool(spike.asnumpy()))
     ref, _ = zclip_run(norms, warmup=config.warmup, alpha=config.alpha, z_threshold=config.z_threshold,
                        losses=losses)
@@ -233,17 +247,8 @@ def test_step_history_with_kernel_and_fallback(mode, spike_mode, monkeypatch):
     for flag in ("spike", "clipped", "skipped", "nonfinite"):
         np.testing.assert_array_equal(a.column(flag), b.column(flag))
     assert a.column("spike").tolist() == [0.0] * 7 + [1.0] + [0.0] * 6
-    # up to the spike (its z-score included) every column has the same bits
-    np.testing.assert_array_equal(a.rows[:7], b.rows[:7])
-    for name in ("loss", "grad_norm", "zscore"):
-        assert a.column(name)[7] == b.column(name)[7]
-    if spike_mode == "skip":  # the spike's target moves no weight: losses and norms stay bit-identical
-        for name in ("loss", "grad_norm"):
-            np.testing.assert_array_equal(a.column(name), b.column(name))
-    # after it the early clip target's exp (libm vs MindSpore's) is the one difference
-    finite = np.isfinite(a.rows) & np.isfinite(b.rows)
-    np.testing.assert_array_equal(finite, np.isfinite(a.rows))
-    np.testing.assert_allclose(a.rows[finite], b.rows[finite], rtol=1e-4, atol=1e-7)
+    # the whole history has the same bits on both paths (the early clip target's exp included)
+    np.testing.assert_array_equal(a.rows, b.rows)
 
 
 class Regressor(nn.Cell):
@@ -311,7 +316,7 @@ def test_a_huge_loss_with_an_ordinary_norm_is_skipped(mode, kind, tmp_path):
     assert losses[CORRUPT_STEP - 1] > 150 * np.median(losses[recent])
     assert norms[CORRUPT_STEP - 1] < 4 * np.median(norms[recent])  # under the early rule's least ratio
     # the detector's loss ring holds the losses the history shows (unscaled; the micro-batches' mean)
-    ring = step.spike_state.asnumpy()[-16:]
+    ring = step.spike_state.asnumpy()[-18:-2]  # (then the lr test's count and top)
     np.testing.assert_array_equal(np.sort(ring), np.sort(losses[-16:].astype(np.float32)))
     steps, _ = history_rows_to_steps(snap.fields, snap.rows, snap.total_steps, current_step=snap.total_steps,
                                      after_step=0)
@@ -363,16 +368,18 @@ def test_a_build_failure_warns_once_and_falls_back(monkeypatch, tmp_path):
 def test_params_come_from_the_config_in_the_kernels_order():
     config = SpikeConfig(mode="skip", warmup=77, alpha=0.95, z_threshold=4.5, early_window=9, early_min=6,
                          early_z=2.5, early_min_ratio=3.0, early_max_ratio=12.0, floor=0.25, loss_window=7,
-                         loss_min=3, loss_ratio=40.0, loss_floor=0.125)
+                         loss_min=3, loss_ratio=40.0, loss_floor=0.125, lr_ratio=20.0, lr_min=6)
     got = dict(zip(K.PARAM_NAMES, K.kernel_params(config).tolist()))
-    expected = {"warmup": 77, "one_minus_alpha": np.float32(1.0 - 0.95), "z": 4.5, "z_squared": 20.25,
+    expected = {"warmup": 77, "one_minus_alpha": np.float32(1.0) - np.float32(0.95), "z": 4.5,
+                "z_squared": 20.25,
                 "eps": np.float32(1e-6), "tiny": np.float32(1e-30), "window": 9, "early_min": 6,
                 "early_z": np.float32(2.5 * 1.4826), "log_lo": np.float32(np.log(3.0)),
                 "log_hi": np.float32(np.log(12.0)), "floor": 0.25, "loss_window": 7, "loss_min": 3,
-                "loss_ratio": 40.0, "loss_floor": 0.125}
+                "loss_ratio": 40.0, "loss_floor": 0.125, "lr_ratio": 20.0, "lr_min": 6}
     assert got == pytest.approx({k: float(v) for k, v in expected.items()}, rel=0, abs=0)
     assert K.kernel_params(SpikeConfig(early_window=0))[K.PARAM_NAMES.index("window")] == 0
     assert K.kernel_params(SpikeConfig(loss_window=0))[K.PARAM_NAMES.index("loss_window")] == 0
+    assert K.kernel_params(SpikeConfig(lr_ratio=0))[K.PARAM_NAMES.index("lr_ratio")] == 0
     # the C++ reads them by an enum in the same order
     source = Path(K.SOURCE).read_text()
     enum = re.findall(r"^\s+kParam(\w+)", source.split("enum Param {")[1].split("};")[0], re.M)
@@ -385,23 +392,28 @@ def test_kernel_refuses_inconsistent_inputs():
     config = SpikeConfig(mode="skip")
     params, state = K.kernel_params(config), initial_state(config)
     outs = [np.zeros((), np.float32), np.zeros((), np.bool_), np.zeros((), np.float32), np.zeros_like(state),
-            np.zeros((), np.bool_)]
+            np.zeros((), np.bool_), np.zeros((), np.bool_)]
     norm, finite = np.array(1.0, np.float32), np.array(True)
-    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, norm, state, params], outs) == 0
-    for short in (np.zeros(3, np.float32), state[:-18]):  # no early ring; no loss ring
-        assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, norm, short, params],
-                        [*outs[:3], np.zeros_like(short), outs[4]]) == 4
-    assert call_aot(library, "GradmonSpikeUpdate", [norm, norm, norm, state, params], outs) == 2
-    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, norm, state, params[:-1]], outs) == 3
+    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, norm, norm, state, params], outs) == 0
+    for short in (np.zeros(3, np.float32), state[:-20], state[:-2]):  # no early ring, loss ring, lr part
+        assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, norm, norm, short, params],
+                        [*outs[:3], np.zeros_like(short), *outs[4:]]) == 4
+    assert call_aot(library, "GradmonSpikeUpdate", [norm, norm, norm, norm, state, params], outs) == 2
+    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, norm, norm, state, params[:-1]], outs) == 3
+    assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, norm, state, params], outs[:5]) == 1
     assert call_aot(library, "GradmonSpikeUpdate", [norm, finite, state, params], outs[:4]) == 1
     detector = K.SpikeDetector(config, fused=True)
     one = Tensor(np.float32(1.0))
     with pytest.raises(TypeError, match="finite must be Bool"):
-        detector(one, one, Tensor(state), one)
+        detector(one, one, Tensor(state), one, one)
     with pytest.raises(TypeError, match="norm must have shape"):
-        detector(Tensor(np.ones(2, np.float32)), Tensor(True), Tensor(state), one)
+        detector(Tensor(np.ones(2, np.float32)), Tensor(True), Tensor(state), one, one)
     with pytest.raises(TypeError, match="loss must have shape"):
-        detector(one, Tensor(True), Tensor(state), Tensor(np.ones(2, np.float32)))
+        detector(one, Tensor(True), Tensor(state), Tensor(np.ones(2, np.float32)), one)
+    with pytest.raises(TypeError, match="lr must have shape"):
+        detector(one, Tensor(True), Tensor(state), one, Tensor(np.ones(2, np.float32)))
+    with pytest.raises(ValueError, match="needs the step's learning rate"):
+        detector(one, Tensor(True), Tensor(state), one)
 
 
 def test_benchmark_smoke_times_both_paths():

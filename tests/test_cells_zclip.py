@@ -12,7 +12,7 @@ from gradmon.cells import HistorySnapshot, SpikeConfig
 from gradmon.cells.fused_build import KernelBuildError, find_compiler
 from gradmon.cells.history import BASE_FIELDS, history_fields, unroll_ring
 from gradmon.cells.layer_stats import layer_rows
-from gradmon.cells.spike import initial_state, zclip_update
+from gradmon.cells.spike import ema_constants, initial_state, zclip_update
 from gradmon.cells.spike_kernel import SpikeDetector
 from gradmon.cells.zclip_reference import NO_EARLY_RULE, ZClipState, zclip_run, zclip_step
 from hypothesis import given, settings
@@ -153,31 +153,35 @@ IMPLS = ["ops", pytest.param("kernel", marks=_kernel_or_skip())]
 
 
 def _device_run(norms, warmup, alpha, z_thr, config: SpikeConfig | None = None, impl: str = "ops",
-                losses=None):
-    """The device update over ``norms`` (and ``losses``: the loss test's input, 0 when not given):
-    per step ``(zscore, spike, target, loss_spike)``, and ``(count, mean, var, scale, early ring,
-    loss part)`` of the final state."""
-    config = config or SpikeConfig(early_window=0, loss_window=0)
+                losses=None, lrs=None):
+    """The device update over ``norms`` (and ``losses``: the loss test's input, 0 when not given;
+    ``lrs``: the learning-rate test's, 1e-3 when not given): per step ``(zscore, spike, target,
+    loss_spike, lr_spike)``, and ``(count, mean, var, scale, early ring, loss part, lr part)`` of the
+    final state."""
+    config = config or SpikeConfig(early_window=0, loss_window=0, lr_ratio=0)
     state = Tensor(initial_state(config))
     losses = [0.0] * len(norms) if losses is None else losses
+    lrs = [1e-3] * len(norms) if lrs is None else lrs
     update = None
     if impl == "kernel":
         update = SpikeDetector(replace(config, warmup=warmup, alpha=alpha, z_threshold=z_thr), fused=True)
     out = []
-    for v, loss_value in zip(norms, losses):
-        norm, loss = Tensor(np.float32(v)), Tensor(np.float32(loss_value))
+    for v, loss_value, lr_value in zip(norms, losses, lrs):
+        norm, loss, lr = Tensor(np.float32(v)), Tensor(np.float32(loss_value)), Tensor(np.float32(lr_value))
         finite = Tensor(bool(np.isfinite(v)))
         if update is None:
-            z, spike, target, state, loss_spike = zclip_update(norm, finite, state, warmup, alpha, z_thr,
-                                                               config.early_rule(), loss, config.loss_rule())
+            z, spike, target, state, loss_spike, lr_spike = zclip_update(
+                norm, finite, state, warmup, alpha, z_thr, config.early_rule(), loss, config.loss_rule(),
+                ema_constants(alpha, z_thr), lr, config.lr_rule())
         else:
-            z, spike, target, state, loss_spike = update(norm, finite, state, loss)
+            z, spike, target, state, loss_spike, lr_spike = update(norm, finite, state, loss, lr)
         out.append((float(z.asnumpy()), bool(spike.asnumpy()), float(target.asnumpy()),
-                    bool(loss_spike.asnumpy())))
+                    bool(loss_spike.asnumpy()), bool(lr_spike.asnumpy())))
     values = state.asnumpy()
     count, mean, var = values[:3].tolist()
-    end = len(values) - (2 + config.loss_window if config.loss_window else 0)
-    return out, (int(count), mean, var, values[3:4], values[4:end], values[end:])
+    lr_start = len(values) - (2 if config.lr_ratio else 0)
+    end = lr_start - (2 + config.loss_window if config.loss_window else 0)
+    return out, (int(count), mean, var, values[3:4], values[4:end], values[end:lr_start], values[lr_start:])
 
 
 norm_values = st.one_of(
@@ -194,8 +198,8 @@ def test_device_update_matches_reference(impl, norms, warmup, alpha, z_thr):
     norms = [float(np.float32(v)) for v in norms]
     ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=alpha, z_threshold=z_thr,
                                      early=NO_EARLY_RULE)
-    dev_steps, (count, mean, var, _, _, _) = _device_run(norms, warmup, alpha, z_thr, impl=impl)
-    for ref, (z, spike, target, _), v in zip(ref_steps, dev_steps, norms):
+    dev_steps, (count, mean, var, *_) = _device_run(norms, warmup, alpha, z_thr, impl=impl)
+    for ref, (z, spike, target, _, _), v in zip(ref_steps, dev_steps, norms):
         if not math.isfinite(v):
             assert z == 0.0 and not spike
             continue
@@ -231,14 +235,14 @@ early_norms = st.one_of(
        floor=st.sampled_from([0.0, 0.01, 0.5]))
 def test_device_early_rule_matches_reference(impl, norms, warmup, window, ratios, floor):
     config = SpikeConfig(early_window=window, early_min_ratio=ratios[0], early_max_ratio=ratios[1],
-                         floor=floor, loss_window=0)
+                         floor=floor, loss_window=0, lr_ratio=0)
     norms = [float(np.float32(v)) for v in norms]
     ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=config.alpha, z_threshold=config.z_threshold,
                                      early=config.reference_rule())
-    dev_steps, (count, _, _, scale, ring, _) = _device_run(norms, warmup, config.alpha, config.z_threshold,
+    dev_steps, (count, _, _, scale, ring, *_) = _device_run(norms, warmup, config.alpha, config.z_threshold,
                                                            config, impl)
     agree = True
-    for ref, (z, spike, target, _) in zip(ref_steps, dev_steps):
+    for ref, (z, spike, target, _, _) in zip(ref_steps, dev_steps):
         # float32 log on device and in numpy may differ by an ulp: a verdict at the threshold may differ
         if abs(ref.zscore - config.z_threshold) > 1e-4 * max(1.0, abs(ref.zscore)):
             assert spike == ref.spike
@@ -267,21 +271,32 @@ loss_values = st.one_of(
 )
 
 
+lr_values = st.one_of(
+    st.floats(float(np.float32(1e-4)), float(np.float32(2e-3)), allow_nan=False, allow_infinity=False,
+              width=32),
+    st.sampled_from([math.nan, math.inf, 0.0, -1e-3, 0.05, 0.1, 1e-6]),
+)
+
+
 @settings(max_examples=12, deadline=None)
-@given(steps=st.lists(st.tuples(early_norms, loss_values), min_size=1, max_size=16),
+@given(steps=st.lists(st.tuples(early_norms, loss_values, lr_values), min_size=1, max_size=16),
        warmup=st.integers(2, 12), window=st.sampled_from([1, 3, 16]), min_history=st.integers(1, 4),
-       ratio=st.sampled_from([2.0, 150.0]), floor=st.sampled_from([0.0, 0.01, 0.5]))
+       ratio=st.sampled_from([2.0, 150.0]), floor=st.sampled_from([0.0, 0.01, 0.5]),
+       early_window=st.sampled_from([0, 4]), alpha=st.sampled_from([0.99, 0.9]))
 def test_device_loss_test_matches_reference_and_kernel_equals_op_path(steps, warmup, window, min_history,
-                                                                      ratio, floor):
-    """The loss test: the op path and the kernel give the same bits (flags, targets, the whole state;
-    no early rule, so no exp), and the reference's verdicts, loss ring and loss scale."""
-    config = SpikeConfig(mode="detect", warmup=warmup, early_window=0, loss_window=window,
-                         loss_min=min_history, loss_ratio=ratio, loss_floor=floor)
-    norms = [float(np.float32(n)) for n, _ in steps]
-    losses = [float(np.float32(loss)) for _, loss in steps]
-    ops_steps, ops_state = _device_run(norms, warmup, config.alpha, config.z_threshold, config, "ops", losses)
+                                                                      ratio, floor, early_window, alpha):
+    """The op path and the kernel give the same bits (flags, targets, the whole state; the early rule's
+    exp included), and the loss and learning-rate tests the reference's verdicts and state."""
+    config = SpikeConfig(mode="detect", warmup=warmup, alpha=alpha, early_window=early_window,
+                         early_min=2, loss_window=window, loss_min=min_history, loss_ratio=ratio,
+                         loss_floor=floor)
+    norms = [float(np.float32(n)) for n, _, _ in steps]
+    losses = [float(np.float32(loss)) for _, loss, _ in steps]
+    lrs = [float(np.float32(lr)) for _, _, lr in steps]
+    ops_steps, ops_state = _device_run(norms, warmup, config.alpha, config.z_threshold, config, "ops", losses,
+                                       lrs)
     ker_steps, ker_state = _device_run(norms, warmup, config.alpha, config.z_threshold, config, "kernel",
-                                       losses)
+                                       losses, lrs)
     assert ops_steps == ker_steps or all(  # NaN targets compare unequal as floats
         a[1:2] + a[3:] == b[1:2] + b[3:] and np.array_equal(a[::2], b[::2], equal_nan=True)
         for a, b in zip(ops_steps, ker_steps))
@@ -289,9 +304,12 @@ def test_device_loss_test_matches_reference_and_kernel_equals_op_path(steps, war
         np.testing.assert_array_equal(a, b)
     assert ops_state[:3] == ker_state[:3]
     ref_steps, ref_state = zclip_run(norms, warmup=warmup, alpha=config.alpha,
-                                     z_threshold=config.z_threshold, early=NO_EARLY_RULE, losses=losses,
-                                     loss_rule=config.reference_loss_rule())
+                                     z_threshold=config.z_threshold, early=config.reference_rule(),
+                                     losses=losses, loss_rule=config.reference_loss_rule(), lrs=lrs,
+                                     lr_rule=config.reference_lr_rule())
     assert [s.loss_spike for s in ref_steps] == [d[3] for d in ker_steps]
+    assert [s.lr_spike for s in ref_steps] == [d[4] for d in ker_steps]
+    assert ker_state[6].tolist() == [ref_state.lr_count, np.float32(ref_state.lr_top)]
     assert all(s.spike >= s.loss_spike for s in ref_steps)
     count, scale, ring = ker_state[5][0], ker_state[5][1], ker_state[5][2:]
     assert count == ref_state.loss_count
@@ -332,10 +350,12 @@ def test_reference_loss_test_flags_the_loss_the_norm_misses():
 
 def test_state_shape_follows_the_early_window():
     d = SpikeConfig()
-    assert initial_state(d).shape == (4 + d.early_window + 2 + d.loss_window,)
-    off = SpikeConfig(early_window=0, loss_window=0)
+    assert initial_state(d).shape == (4 + d.early_window + 2 + d.loss_window + 2,)  # ... + [lr_count, lr_top]
+    off = SpikeConfig(early_window=0, loss_window=0, lr_ratio=0)
     assert initial_state(off).shape == (3,) and off.early_rule() == () and off.loss_rule() == ()
-    assert initial_state(SpikeConfig(early_window=0)).shape == (3 + 2 + d.loss_window,)
+    assert off.lr_rule() == ()
+    assert initial_state(SpikeConfig(early_window=0)).shape == (3 + 2 + d.loss_window + 2,)
+    assert initial_state(SpikeConfig(lr_ratio=0)).shape == (4 + d.early_window + 2 + d.loss_window,)
 
 
 # --------------------------------------------------------------------------------- ring unroll

@@ -44,6 +44,19 @@ def test_history_rows_map_to_global_steps():
     assert math.isnan(last["loss"]) and last["skipped"] is True and last["nonfinite"] is True
 
 
+def test_history_rows_spike_codes_give_the_reason():
+    """The ring's spike column: 1 the norm tests, 2 the loss test, 3 the learning-rate test."""
+    fields = ("loss", "spike")
+    snap = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0], [1.0, 0.0]])
+    items, _ = history_rows_to_steps(fields, snap, total_steps=4, current_step=4, after_step=0)
+    assert [(f.get("spike"), f.get("spike_reason")) for _, f in items] == [
+        (True, None), (True, "loss"), (True, "lr"), (None, None)]
+    events = events_for_step({"step": 3, **items[2][1], "lr": 0.1}, ts=0.0)
+    event = next(e for e in events if e["kind"] == "spike")
+    assert event["spike_reason"] == "lr" and event["lr"] == 0.1
+    assert event["message"].startswith("learning-rate spike")
+
+
 def test_history_rows_with_another_numbering_and_already_written():
     # The cell counts 3 steps; the caller numbers the last one 103 (initial_step=100).
     snap = rows([1, 1, 0, 0, 0], [2, 2, 0, 0, 0], [3, 3, 0, 0, 0])

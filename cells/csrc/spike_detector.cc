@@ -1,22 +1,24 @@
 // The spike detector's whole update in one MindSpore ops.Custom(func_type="aot") CPU kernel
 // (gradmon.cells.spike_kernel). It computes what gradmon.cells.spike.zclip_update computes with ~75
 // small stock kernels: ZClip's EMA z-score, the Welford warm-up, the early median/MAD rule over the
-// ring of log-norms, the run's scale and floor, the ring write, and the loss test (the loss over the
-// median of a ring of recent losses, with the run's loss scale as a floor).
+// ring of log-norms, the run's scale and floor, the ring write, the loss test (the loss over the
+// median of a ring of recent losses, with the run's loss scale as a floor), and the learning-rate
+// test (the step's rate over the largest rate of the earlier steps).
 //
 // Every quantity is float32 and every operation is the op path's, in its order (a + b * c / d reads
-// as there); the one difference is exp, which is libm's expf here and a polynomial approximation in
-// MindSpore's CPU kernel (relative error up to ~2e-5). log is libm's logf in both. The median of the
-// n <= 16 filled ring slots is a small insertion sort. No constant lives here: the Python side passes
+// as there), so the kernel and the op path give the same bits. exp is MindSpore's own (MsCpuExp
+// below: the polynomial of its CPU Exp kernel, not libm's expf); log is libm's logf in both. The
+// median of the n <= 16 filled ring slots is a small insertion sort. No constant lives here: the Python side passes
 // every setting (from SpikeConfig) in the `params` input, whose layout is kParam* below.
 //
 // Signature (the aot ABI): int f(int nparam, void **params, int *ndims, int64_t **shapes,
 // const char **dtypes, void *stream, void *extra), inputs first, then outputs. Inputs: norm (float32,
-// 1 element), finite (bool, 1 element), loss (float32, 1 element; read only with the loss test),
-// state (float32: [3] without the early rule, [4 + window] with it, then [2 + loss_window] with the
-// loss test), params (float32 [kParamCount]). Outputs: zscore (float32), spike (bool), target
-// (float32), new_state (float32, the state's shape), loss_spike (bool). A non-zero return makes
-// MindSpore raise.
+// 1 element), finite (bool, 1 element), loss (float32, 1 element; read only with the loss test), lr
+// (float32, 1 element; read only with the learning-rate test), state (float32: [3] without the early
+// rule, [4 + window] with it, then [2 + loss_window] with the loss test, then [2] with the
+// learning-rate test), params (float32 [kParamCount]). Outputs: zscore (float32), spike (bool), target
+// (float32), new_state (float32, the state's shape), loss_spike (bool), lr_spike (bool). A non-zero
+// return makes MindSpore raise.
 
 #include <cmath>
 #include <cstdint>
@@ -24,7 +26,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 2;
+constexpr int kAbiVersion = 3;
 constexpr int kMaxWindow = 4096;  // a sanity bound on the ring (SpikeConfig's default is 16)
 
 // The params input, float32 each.
@@ -45,6 +47,8 @@ enum Param {
   kParamLossMin,        // finite losses before the loss test judges
   kParamLossRatio,      // a loss spike is more than ratio * |median| above the median ...
   kParamLossFloor,      // ... and more than floor * the run's loss scale
+  kParamLrRatio,        // an lr spike is a rate above ratio * the largest earlier rate; 0: no lr test
+  kParamLrMin,          // rates (finite, > 0) before the lr test judges
   kParamCount
 };
 
@@ -56,6 +60,34 @@ int64_t Elements(int ndim, const int64_t *shape) {
 
 bool Is(const char *dtype, const char *name) { return std::strcmp(dtype, name) == 0; }
 bool IsF32(const char *dtype) { return Is(dtype, "float32") || Is(dtype, "float"); }
+
+// exp exactly as MindSpore's CPU Exp kernel computes it on a 1-element float32 tensor (the op path's
+// exps are all on shape () or (1,) tensors). That kernel runs nnacl's ExpFp32, whose 1 to 3 leftover
+// elements (all of a 1-element tensor) take its scalar loop, then copies NaN inputs through. Read
+// from MindSpore 2.10's x86-64 libnnacl.so: clamp to [-87.3365, 88.7228] (so -inf -> 0, inf -> inf);
+// n = floor(x * log2(e) + 0.5); d = x - n * ln2; a degree-5 Taylor polynomial in d by Horner; times
+// 2^n built as 2 * 2^(n-1) from the exponent bits (n = -126 gives 0). Its build contracts every
+// a * b + c into one fused multiply-add, hence fmaf (libm's, correctly rounded like the instruction).
+// Large tensors take its AVX/AVX-512 loops instead, which multiply by 2^(n-1) before doubling: other
+// bits where x >= 88.3765 (finite there, inf here) and in the subnormal band near -86.5. Tested
+// against ops.exp over a sweep of float32 (tests/test_cells_spike_exp.py).
+float MsCpuExp(float x) {
+  if (std::isnan(x)) return x;
+  constexpr float kMax = 88.72283935546875f, kMin = -87.3365478515625f;
+  constexpr float kLog2e = 1.44269502f, kLn2 = 0.693147f;  // float32 0x3fb8aa3b, 0x3f317215
+  const float t = x < kMax ? (x > kMin ? x : kMin) : kMax;
+  const float n = std::floor(std::fmaf(t, kLog2e, 0.5f));
+  const float d = std::fmaf(-n, kLn2, t);
+  float poly = std::fmaf(d, 1.0f / 120, 1.0f / 24);
+  poly = std::fmaf(d, poly, 1.0f / 6);
+  poly = std::fmaf(d, poly, 0.5f);
+  poly = std::fmaf(d, poly, 1.0f);
+  poly = std::fmaf(d, poly, 1.0f);
+  const int32_t bits = (static_cast<int32_t>(n) + 126) << 23;  // n in [-126, 128]
+  float half_power;
+  std::memcpy(&half_power, &bits, sizeof(float));
+  return (half_power + half_power) * poly;
+}
 
 float Max(float a, float b) { return a > b ? a : b; }  // operands are never NaN where used
 float Min(float a, float b) { return a < b ? a : b; }
@@ -91,36 +123,44 @@ extern "C" {
 
 int GradmonSpikeDetectorAbi() { return kAbiVersion; }
 
+// The kernel's exp over n floats, for its tests (through ctypes).
+void GradmonSpikeExp(const float *x, float *y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = MsCpuExp(x[i]);
+}
+
 int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                        void *) {
-  if (nparam != 10) return 1;
-  // Inputs 0-4, outputs 5-9.
+  if (nparam != 12) return 1;
+  // Inputs 0-5, outputs 6-11.
   if (!IsF32(dtypes[0]) || !Is(dtypes[1], "bool") || !IsF32(dtypes[2]) || !IsF32(dtypes[3]) ||
-      !IsF32(dtypes[4]) || !IsF32(dtypes[5]) || !Is(dtypes[6], "bool") || !IsF32(dtypes[7]) ||
-      !IsF32(dtypes[8]) || !Is(dtypes[9], "bool")) {
+      !IsF32(dtypes[4]) || !IsF32(dtypes[5]) || !IsF32(dtypes[6]) || !Is(dtypes[7], "bool") ||
+      !IsF32(dtypes[8]) || !IsF32(dtypes[9]) || !Is(dtypes[10], "bool") || !Is(dtypes[11], "bool")) {
     return 2;
   }
-  const int64_t size = Elements(ndims[3], shapes[3]);
+  const int64_t size = Elements(ndims[4], shapes[4]);
   if (Elements(ndims[0], shapes[0]) != 1 || Elements(ndims[1], shapes[1]) != 1 ||
-      Elements(ndims[2], shapes[2]) != 1 || Elements(ndims[4], shapes[4]) != kParamCount ||
-      Elements(ndims[8], shapes[8]) != size) {
+      Elements(ndims[2], shapes[2]) != 1 || Elements(ndims[3], shapes[3]) != 1 ||
+      Elements(ndims[5], shapes[5]) != kParamCount || Elements(ndims[9], shapes[9]) != size) {
     return 3;
   }
-  const float *p = static_cast<const float *>(params[4]);
+  const float *p = static_cast<const float *>(params[5]);
   const float window_f = p[kParamWindow];
   const int window = static_cast<int>(window_f);
   const float loss_window_f = p[kParamLossWindow];
   const int loss_window = static_cast<int>(loss_window_f);
   const int norm_size = window > 0 ? 4 + window : 3;
+  const int loss_end = norm_size + (loss_window > 0 ? 2 + loss_window : 0);
+  const bool lr_test = p[kParamLrRatio] > 0.0f;
   if (window < 0 || window > kMaxWindow || static_cast<float>(window) != window_f || loss_window < 0 ||
       loss_window > kMaxWindow || static_cast<float>(loss_window) != loss_window_f ||
-      size != norm_size + (loss_window > 0 ? 2 + loss_window : 0)) {
+      size != loss_end + (lr_test ? 2 : 0)) {
     return 4;
   }
   const float norm = *static_cast<const float *>(params[0]);
   const bool finite = *static_cast<const bool *>(params[1]);
   const float loss = *static_cast<const float *>(params[2]);
-  const float *state = static_cast<const float *>(params[3]);
+  const float lr = *static_cast<const float *>(params[3]);
+  const float *state = static_cast<const float *>(params[4]);
   const float count = state[0], mean = state[1], var = state[2];
 
   // ZClip after the warm-up, with the statistics before this step.
@@ -150,15 +190,15 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
       const float dev = std::log(Max(norm, p[kParamTiny])) - med;
       const bool early_spike = dev > thr;
       const float early_z = z * dev / thr;
-      scale = Max(scale, std::exp(med));
-      // floor 0 is no floor, also where libm's expf overflows a median of log(FLT_MAX) to inf (0 * inf
-      // would be NaN; MindSpore's exp saturates there instead).
+      scale = Max(scale, MsCpuExp(med));
+      // floor 0 is no floor, also where exp overflows a median near log(FLT_MAX) to inf (0 * inf
+      // would be NaN).
       const bool above_floor = norm > (p[kParamFloor] > 0.0f ? p[kParamFloor] * scale : 0.0f);
       spike = spike && above_floor;
       if (finite && in_warmup) {  // judged
         zscore = early_z;
         if (early_spike && above_floor) {
-          target = std::exp(med + thr * thr / Max(dev, thr));
+          target = MsCpuExp(med + thr * thr / Max(dev, thr));
           spike = true;
         }
       }
@@ -181,7 +221,14 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
     spike = spike || loss_spike;
   }
 
-  float *new_state = static_cast<float *>(params[8]);
+  // The learning-rate test: judged on finite steps, its count and top moved by every finite rate > 0.
+  bool lr_spike = false;
+  const bool lr_ok = lr_test && std::isfinite(lr) && lr > 0.0f;
+  const float lr_count = lr_test ? state[loss_end] : 0.0f;
+  const float lr_top = lr_test ? state[loss_end + 1] : 0.0f;
+  if (lr_ok && finite && lr_count >= p[kParamLrMin]) lr_spike = lr > p[kParamLrRatio] * lr_top;
+
+  float *new_state = static_cast<float *>(params[9]);
   if (new_state != state) std::memcpy(new_state, state, sizeof(float) * size);
   if (finite) {
     const float weight = in_warmup ? 1.0f / (count + 1.0f) : p[kParamOneMinusAlpha];
@@ -211,10 +258,15 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
       new_state[norm_size + 2 + index] = loss;
     }
   }
-  *static_cast<float *>(params[5]) = zscore;
-  *static_cast<bool *>(params[6]) = spike;
-  *static_cast<float *>(params[7]) = target;
-  *static_cast<bool *>(params[9]) = loss_spike;
+  if (lr_ok) {
+    new_state[loss_end] = lr_count + 1.0f;
+    new_state[loss_end + 1] = Max(lr_top, lr);
+  }
+  *static_cast<float *>(params[6]) = zscore;
+  *static_cast<bool *>(params[7]) = spike;
+  *static_cast<float *>(params[8]) = target;
+  *static_cast<bool *>(params[10]) = loss_spike;
+  *static_cast<bool *>(params[11]) = lr_spike;
   return 0;
 }
 

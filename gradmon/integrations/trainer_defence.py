@@ -91,9 +91,9 @@ class SpikeDefence:
     def __init__(self, *args: Any, spike_mode: str = "clip", spike_warmup: int = SpikeConfig.warmup,
                  spike_alpha: float = SpikeConfig.alpha, spike_z: float = SpikeConfig.z_threshold,
                  spike_early_window: int = SpikeConfig.early_window, **kwargs: Any) -> None:
-        # No loss test: the trainer's seam (_should_skip_optimizer_step) sees the norm, not the loss.
+        # No loss or learning-rate test: the trainer's seam (_should_skip_optimizer_step) sees the norm only.
         self.gradmon_spike = SpikeConfig(spike_mode, spike_warmup, spike_alpha, spike_z,
-                                         early_window=spike_early_window, loss_window=0)
+                                         early_window=spike_early_window, loss_window=0, lr_ratio=0.0)
         if not self.gradmon_spike.enabled:
             raise ValueError("SpikeDefence needs spike_mode 'detect', 'clip' or 'skip' (for no defence, "
                              "use the trainer itself)")
@@ -138,8 +138,8 @@ class SpikeDefence:
         norm = ops.cast(global_norm if isinstance(global_norm, Tensor) else Tensor(float(global_norm)),
                         ms.float32).reshape(())
         # The loss argument is unread: this detector has no loss test.
-        zscore, spike, target, state, _ = self._gradmon_spike_detector(norm, ops.isfinite(norm),
-                                                                      self._gradmon_spike_state, norm)
+        zscore, spike, target, state, _, _ = self._gradmon_spike_detector(norm, ops.isfinite(norm),
+                                                                         self._gradmon_spike_state, norm)
         self._gradmon_spike_state = state
         is_spike = bool(spike.asnumpy())
         outcome: dict[str, Any] = {"step": int(self.state.global_step) + 1,  # type: ignore[attr-defined]

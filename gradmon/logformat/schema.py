@@ -20,6 +20,7 @@ __all__ = [
     "HISTORY_COUNTER_NAMES",
     "INT_FIELDS",
     "LOSS_SPIKE_REASON",
+    "LR_SPIKE_REASON",
     "MARK_FLAGS",
     "NOT_SERIES",
     "NUMBER_FIELDS",
@@ -52,6 +53,7 @@ MARK_FLAGS = (("spike", "spike"), ("skipped", "skip"), ("nonfinite", "nonfinite"
 # Not in TEXT_KEYS (whose list the page mirrors): "loss" is no non-finite number's spelling.
 SPIKE_REASON_FIELD = "spike_reason"
 LOSS_SPIKE_REASON = "loss"
+LR_SPIKE_REASON = "lr"  # the detector's learning-rate test tripped
 
 # The `skip_reason` of a loss-scale overflow step: its non-finite gradient norm is expected, so the
 # step is a `skip` mark, and only a non-finite `loss` on it is a `nonfinite` mark.

@@ -17,7 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gradmon.logformat.schema import FLAG_FIELDS, LOSS_SPIKE_REASON, OVERFLOW_REASON, SPIKE_REASON_FIELD
+from gradmon.logformat.schema import (
+    FLAG_FIELDS,
+    LOSS_SPIKE_REASON,
+    LR_SPIKE_REASON,
+    OVERFLOW_REASON,
+    SPIKE_REASON_FIELD,
+)
 
 __all__ = [
     "DYNAMIC_MIN_LOSS_SCALE",
@@ -65,7 +71,8 @@ def history_rows_to_steps(
     Returns ``([(global_step, fields), ...], lost)`` for the steps after ``after_step``, oldest
     first, and how many of the steps ``after_step+1 .. current_step`` the ring no longer held.
     Flags become ``True`` (or are left out when 0); other columns become floats. A ``spike`` of 2
-    (the detector's loss test tripped) also gives ``spike_reason: "loss"``.
+    (the detector's loss test tripped) also gives ``spike_reason: "loss"``, one of 3 (its
+    learning-rate test) ``spike_reason: "lr"``.
     """
     n = len(rows)
     offset = current_step - total_steps
@@ -80,8 +87,8 @@ def history_rows_to_steps(
             if name in FLAG_FIELDS:
                 if value >= 0.5:
                     values[name] = True
-                if name == "spike" and value >= 1.5:  # the detector's loss test tripped (cells/train_step.py)
-                    values[SPIKE_REASON_FIELD] = LOSS_SPIKE_REASON
+                if name == "spike" and value >= 1.5:  # the loss (2) or lr (3) test (cells/train_step.py)
+                    values[SPIKE_REASON_FIELD] = LR_SPIKE_REASON if value >= 2.5 else LOSS_SPIKE_REASON
             else:
                 values[name] = value
         out.append((step, values))
@@ -302,6 +309,11 @@ def events_for_step(record: Mapping[str, Any], ts: float | None = None) -> list[
             event[SPIKE_REASON_FIELD] = LOSS_SPIKE_REASON
             event["loss"] = loss
             event["message"] = "loss spike (the detector's loss test)"
+        elif record.get(SPIKE_REASON_FIELD) == LR_SPIKE_REASON:
+            event[SPIKE_REASON_FIELD] = LR_SPIKE_REASON
+            if "lr" in record:
+                event["lr"] = record["lr"]
+            event["message"] = "learning-rate spike (the detector's learning-rate test)"
         events.append(event)
     return [{k: v for k, v in e.items() if v is not None} for e in events]
 
