@@ -268,19 +268,3 @@ test("a run fetched while others shared its charts is fetched again at twice the
   feed.selectionChanged(); // asked for as many as it needs now: not again
   assert.deepEqual(client.log.slice(4), ["history a 860"]);
 });
-
-test("the stream opens once the histories shown at opening are in, not among them", async () => {
-  const { client, state, started } = openPage(null, 0);
-  client.answer("runs", { runs: [{ name: "a", records: 1000 }, { name: "b", records: 1000 }] });
-  await started;
-  await settle();
-  assert.deepEqual(client.log, ["runs", "history a 1200", "history b 1200"]);
-  assert.equal(client.connected, false);
-  client.answer("history a 1200", Object.assign({}, HISTORY, { run: "a" }));
-  await settle();
-  assert.equal(client.connected, false); // b is still on its way
-  client.answer("history b 1200", null, 503); // (a failed load counts as in: the page shows its notice)
-  await settle();
-  assert.ok(client.connected);
-  assert.equal(state.runs.get("a").pointCount("loss"), 3);
-});

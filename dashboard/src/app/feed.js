@@ -7,8 +7,6 @@
   // The server answers every step of a range up to this many points (gradmon/server MAX_POINTS):
   // the page holds a run at full resolution (exact smoothing, exports) up to this many records.
   const FULL_RES_MAX = 100000;
-  // The stream is opened once the histories shown at opening are in, or after this long at most.
-  const OPENING_MS = 1500;
 
   class Feed {
     /**
@@ -22,7 +20,6 @@
       this.client = null;
       this.zoomKeys = new Map();
       this.askedPoints = new Map(); // run -> points its last whole-history request asked for
-      this.opening = null; // while the page opens: the loads of the runs it shows first
       this.early = new L.EarlyHistory(null); // history requests sent before the run list came (start())
       // `?fullres=N` lowers the bound (less memory per run; also how the tests reach the lead-in path).
       this.fullResMax = hooks.fullResMax > 0 ? Math.min(FULL_RES_MAX, hooks.fullResMax) : FULL_RES_MAX;
@@ -49,7 +46,6 @@
         },
         sentHistory,
       );
-      this.opening = [];
       const sentRuns = sent && sent.runs();
       if (sentRuns) {
         sentRuns.catch(() => {}); // (seen below)
@@ -64,19 +60,6 @@
         this.hooks.notice("Could not list runs: " + e.message, true);
       }
       this.early.clear();
-      // The stream's hello (the run list again) would land among the histories, and the server
-      // would build it while answering them: it is asked for after them. Nothing written meanwhile
-      // is lost: each run streams from its history's cursor (subscribe, on hello).
-      const opening = this.opening;
-      this.opening = null;
-      if (!opening.length) this.client.connect();
-      else this._connectAfter(opening);
-    }
-
-    async _connectAfter(loads) {
-      let waited = null;
-      await Promise.race([Promise.allSettled(loads), new Promise((r) => (waited = setTimeout(r, OPENING_MS)))]);
-      clearTimeout(waited);
       this.client.connect();
     }
 
@@ -85,8 +68,7 @@
       if (this.state.runs.has(name)) return;
       this.state.runs.set(name, new L.RunData(name));
       this.state.streams.set(name, L.newStreamState());
-      const loading = this.load(name);
-      if (this.opening) this.opening.push(loading);
+      this.load(name);
     }
 
     /** Stop following a run: its memory goes (the protocol has no unsubscribe: its records are ignored). */
