@@ -32,7 +32,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Mapping
 from itertools import accumulate, chain, compress, count, islice, repeat
-from operator import gt, lt, mul, sub
+from operator import gt, mul, sub
 from typing import Any, Optional
 
 from gradmon.logformat.alarms import AlarmConfig, AlarmRule
@@ -165,8 +165,7 @@ class BatchAlarmRule(AlarmRule):
             columns = KeyColumns(records)
         steps = columns.values("step")  # (an int in every step record: parse.py)
         last = self._last_step
-        if not records or not self.bulk or not (last is None or steps[0] > last) \
-                or not all(map(lt, steps, islice(steps, 1, None))):
+        if not records or not self.bulk or not (last is None or steps[0] > last) or not columns.increasing():
             self._one_by_one(records, 0, len(records), out)
             return out
         losses, odd_losses = _column(columns.values("loss"), columns.types("loss"))
