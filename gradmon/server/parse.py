@@ -134,8 +134,9 @@ class ParsedLines:
     offsets: list[int] = field(default_factory=list)  # byte offset where each record's line starts
     raw: list[bytes] = field(default_factory=list)  # each record's line, without surrounding blanks
     # Indices (ascending) of records that may carry marks: decoded in full (they had non-finite
-    # strings or odd spacing) or holding a ``true`` (a flag). No other record can have a flag set
-    # or a non-finite value, except a number literal too large for a float (e.g. ``1e999``).
+    # strings or odd spacing) or whose line holds a ``true`` (a flag), unless no record of the
+    # fast path holds a bool at all. No other record can have a flag set or a non-finite value,
+    # except a number literal too large for a float (e.g. ``1e999``).
     check: list[int] = field(default_factory=list)
     malformed: int = 0
     end: int = 0  # byte offset after the last line
@@ -168,9 +169,11 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
         for i, (_end, line) in enumerate(lines):
             if decoded[i] is not None and (b'NaN"' in line or b'Infinity"' in line or b"\\" in line):  # type: ignore[operator]
                 decoded[i] = None
-    slow = [i for i, r in enumerate(decoded) if r is None] if decoded.count(None) else []
+                kinds = None
+    # (kinds: every line a candidate, none dropped: no None to look for, which compares each record)
+    slow = [i for i, r in enumerate(decoded) if r is None] if kinds is None and decoded.count(None) else []
     fast = KeyColumns([r for r in decoded if r is not None] if slow else decoded)
-    if kinds is not None and not slow:  # (the candidates' "type" column, taken already)
+    if kinds is not None:  # (the candidates' "type" column, taken already)
         fast._values["type"] = kinds
     valid = _all_valid(fast)
     # Lines whose records may hold a flag: those with a "true" (a text search) unless none of the
