@@ -114,6 +114,18 @@ class WindowBaseline:
         everything = sorted(chain(self._recent, new))
         return everything[len(everything) - (n0 - n0 // 2)]
 
+    def median_ceiling_after(self, learnt: list[float], new: list[float]) -> float:
+        """:meth:`median_ceiling` of ``new`` once ``learnt`` (unflagged values) are added first."""
+        if not learnt:
+            return self.median_ceiling(new)
+        keep = self.window - len(learnt)
+        recent = self._recent
+        held = learnt[-self.window:] if keep <= 0 else \
+            [*islice(recent, max(0, len(recent) - keep), None), *learnt]
+        n0 = len(held)
+        everything = sorted(chain(held, new))
+        return everything[len(everything) - (n0 - n0 // 2)]
+
     def lower_envelope(self, newest: int) -> float:
         """The largest unflagged value among the newest ``newest`` values (``-inf`` when none)."""
         newest = min(newest, len(self._recent))
@@ -235,16 +247,23 @@ class BatchAlarmRule(AlarmRule):
         if len(norm_window) < config.min_history or len(loss_window) < config.min_history:
             return lo  # (some records are not judged yet: the chunk by chunk path knows which)
         chunk = self.chunk
-        factor = config.norm_over_max
+        factor, over = config.norm_over_max, config.loss_over_max
         norm_floor = norm_window.lower_envelope(config.window - chunk)
         loss_floor = loss_window.lower_envelope(config.window - chunk)
         end = lo
         while end < hi:
             stop = min(hi, end + chunk)
             top_norm = max(norms[end:stop])
-            top_loss = max(losses[end:stop])
-            if top_norm > factor * norm_floor or top_loss > loss_floor:
+            if top_norm > factor * norm_floor:
                 break
+            top_loss = max(losses[end:stop])
+            if top_loss > loss_floor:
+                # (a flagged loss is also above over * E - (over - 1) * m: the median's ceiling,
+                # with the window as it is once the chunks before are learnt)
+                new = losses[end:stop]
+                ceiling = loss_window.median_ceiling_after(losses[lo:end], new) if over > 1 else _INF
+                if ceiling == _INF or top_loss > over * loss_floor - (over - 1) * ceiling:
+                    break
             norm_floor, loss_floor = top_norm, top_loss
             end = stop
         return end
