@@ -1,7 +1,7 @@
 """The step records of a run, indexed: their numeric fields, their marks, and the min/max pyramid.
 
 Building is batched for speed: step records are held in the *open bucket* as decoded, and a bucket
-is summarized a column at a time with C builtins (``min``/``max``/``index``) when it closes (see
+is summarized a column at a time with C builtins (``sorted``/``index``) when it closes (see
 benchmarks/README.md for the speed). Only the few records that may carry marks (a ``true`` flag, a
 non-finite value: ``parse.ParsedLines.check``) are looked at one by one. Non-finite values and
 flagged steps (spike, skipped, nonfinite) are kept as *marks*, capped.
