@@ -17,13 +17,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import islice, repeat
-from operator import is_not, itemgetter, lt
+from itertools import compress, count, islice, repeat
+from operator import is_, is_not, itemgetter, lt
 from typing import Any
 
 # The field-type rules of ``validate_record``, checked here a column at a time.
 from gradmon.logformat.jsonl import STRICT_DECODER, RecordError, decode_record, encode_record, validate_record
-from gradmon.logformat.schema import INT_FIELDS, NUMBER_FIELDS
+from gradmon.logformat.schema import INT_FIELDS, MARK_FLAGS, NUMBER_FIELDS
 from gradmon.server.values import FAST_TYPES
 
 __all__ = ["KeyColumns", "ParsedLines", "parse_lines"]
@@ -49,6 +49,7 @@ _TYPE_OK = {
 }
 _TYPE_OK["step"] = frozenset({int})  # the fast path only takes step records, which need a step
 _NONE = type(None)
+_MARK_FLAG_KEYS = tuple(flag for flag, _kind in MARK_FLAGS)
 
 
 class KeyColumns:
@@ -134,9 +135,9 @@ class ParsedLines:
     offsets: list[int] = field(default_factory=list)  # byte offset where each record's line starts
     raw: list[bytes] = field(default_factory=list)  # each record's line, without surrounding blanks
     # Indices (ascending) of records that may carry marks: decoded in full (they had non-finite
-    # strings or odd spacing) or whose line holds a ``true`` (a flag), unless no record of the
-    # fast path holds a bool at all. No other record can have a flag set or a non-finite value,
-    # except a number literal too large for a float (e.g. ``1e999``).
+    # strings or odd spacing) or with a mark flag set (``MARK_FLAGS``; read by the stdlib scanner:
+    # whose line holds a ``true``). No other record can have a mark flag set or a non-finite
+    # value, except (the stdlib scanner's) a number literal too large for a float (``1e999``).
     check: list[int] = field(default_factory=list)
     malformed: int = 0
     end: int = 0  # byte offset after the last line
@@ -154,7 +155,8 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
     out.end = lines[-1][0]
     texts = list(map(itemgetter(1), lines))
     blob = b"\n".join(texts if None not in texts else [b"" if ln is None else ln for ln in texts])
-    if _orjson_loads is not None and use_orjson:
+    by_orjson = _orjson_loads is not None and use_orjson
+    if by_orjson:
         # orjson allows blanks around a value (a line whose raw form must be stripped first):
         # look for them line by line only when the batch has any.
         blanks = b" " in blob or b"\t" in blob or b"\r" in blob  # (compact JSON has no blanks)
@@ -176,11 +178,16 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
     if kinds is not None:  # (the candidates' "type" column, taken already)
         fast._values["type"] = kinds
     valid = _all_valid(fast)
-    # Lines whose records may hold a flag: those with a "true" (a text search) unless none of the
-    # fast path's records holds a bool at all (their columns' types say so, taken anyway): a
-    # "true" in a string then flags nothing (and the lines decode_record reads are checked anyway).
-    flagged = {i for i, (_e, ln) in enumerate(lines) if ln is not None and b"true" in ln} \
-        if not fast.no_bools() and _has_true(blob) else set()
+    # The fast path's records that may carry marks (those decode_record reads are checked anyway).
+    # orjson's hold finite numbers only (it refuses 1e999 and NaN): only a mark flag set can give
+    # them a mark, found in the flags' columns (none when no record holds a bool: their types say
+    # so, taken anyway). The stdlib scanner reads 1e999 as inf: its lines with a "true" (a flag or
+    # not, a text search) are all checked.
+    if by_orjson:
+        flagged = set() if fast.no_bools() else _mark_flagged(fast, decoded if slow else None)
+    else:
+        flagged = {i for i, (_e, ln) in enumerate(lines) if ln is not None and b"true" in ln} \
+            if _has_true(blob) else set()
     if valid:
         _assemble(lines, texts, start, decoded, slow, flagged, typeless, out)
         # (the common batch: the records are the ones validated, whose columns are taken already)
@@ -245,6 +252,20 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | Non
         offsets = [offsets[i] for i in keep]
         check = {k for k, i in enumerate(keep) if i in check}
     out.records, out.raw, out.offsets, out.check = decoded, raw, offsets, sorted(check)
+    return out
+
+
+def _mark_flagged(columns: KeyColumns, decoded: list[Any] | None) -> set[int]:
+    """The positions of the records (of ``columns``) with a mark flag set (``true``), as positions
+    among ``decoded`` (whose records that are not ``None`` they are) when given."""
+    keys = columns.key_set()
+    out: set[int] = set()
+    for flag in _MARK_FLAG_KEYS:
+        if flag in keys and bool in columns.types(flag):
+            out.update(compress(count(), map(is_, columns.values(flag), repeat(True))))
+    if out and decoded is not None:
+        at = [i for i, r in enumerate(decoded) if r is not None]
+        out = {at[k] for k in out}
     return out
 
 
