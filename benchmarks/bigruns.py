@@ -53,6 +53,15 @@ def _rss_mb(pid: int) -> tuple[float, float]:
     return p.memory_info().rss / 2**20, kids / 2**20
 
 
+def _cpu_s(pid: int) -> float:
+    """The process's CPU time so far (user + system), its children's not included: what its
+    indexing cost, whatever the machine's load made of the wall-clock time."""
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
 def _du(path: str) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(path):
@@ -137,6 +146,7 @@ def one_start(tree: str, logdir: str, name: str, steps: int, windows: list[int],
                 raise RuntimeError("not indexed in time")
             time.sleep(0.005)  # (a warm restart takes ~0.1-0.3 s: poll finely)
         out["index_s"] = time.perf_counter() - t0
+        out["index_cpu_s"] = _cpu_s(srv["pid"])  # (the start's imports included: ~0.3 s)
         doc, took = _fetch(f"{srv['url']}/api/runs/{name}/history?points=2000", gzip_ok=gzip_ok)
         out["first_answer_ms"] = took * 1e3
         out["to_first_full_answer_s"] = out["index_s"] + took
@@ -196,7 +206,7 @@ def run(steps: int, prev: str | None, rounds: int, fetches: int, out_dir: str, l
             res["label"] = label
             out["starts"].append(res)
             log(f"  {label} {'cold' if cold else 'warm'}: "
-                f"indexed {res['index_s']:.2f} s, "
+                f"indexed {res['index_s']:.2f} s (server CPU {res['index_cpu_s']:.2f} s), "
                 f"first answer {res['first_answer_ms']:.0f} ms, full p50/p99 {res['full_p50_ms']:.0f}/"
                 f"{res['full_p99_ms']:.0f} ms, 1% zoom {res['zoom_p50_ms']:.0f}/{res['zoom_p99_ms']:.0f} ms, "
                 f"RSS {res['rss_mb']:.0f}+{res['worker_rss_mb']:.0f} MB, sidecar {res['sidecar_mb']:.0f} MB")

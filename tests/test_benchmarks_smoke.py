@@ -275,6 +275,7 @@ def test_bigruns_smoke_measures_a_cold_and_a_warm_start(tmp_path):
     for s in (cold, warm):
         assert s["cursor_is_the_file"] and s["zoom_points"] == 50 and s["zoom_exact"] is True
         assert math.isfinite(s["zoom_p99_ms"]) and s["rss_mb"] > 0 and s["sidecar_mb"] > 0
+        assert 0 < s["index_cpu_s"] < s["index_s"] + 5  # (the server's own CPU, not the wall clock)
     # an existing log (not generated again), a second tree beside this one, warm starts only
     from benchmarks.bigruns import HERE
 

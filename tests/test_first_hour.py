@@ -274,3 +274,28 @@ def test_a_network_that_is_not_a_cell_is_named():
                                         r"returns the loss \(e.g. nn.WithLossCell\(net, loss_fn\)\), "
                                         r"got None"):
         MonitoredTrainStep(None, _sgd(net))
+
+
+# -- a checkpoint from a gradmon whose detector kept less state ----------------------------------------
+
+def test_a_checkpoint_with_another_detector_state_shape_names_it_and_the_setting_loads_it(tmp_path):
+    """A checkpoint saved before the learning-rate test (its state 2 floats shorter) fails MindSpore's
+    shape check on ``gradmon_spike_state``; the cell built with ``spike_lr_ratio=0`` loads it whole."""
+    from examples.models import with_loss
+
+    def cell(**options):
+        net = with_loss(mlp())
+        return MonitoredTrainStep(net, nn.Adam(net.trainable_params(), 1e-3), spike_mode="clip", **options)
+
+    old = cell(spike_lr_ratio=0)
+    x, y = next(dataset(3).create_tuple_iterator())
+    for _ in range(3):
+        old(x, y)
+    path = str(tmp_path / "old.ckpt")
+    ms.save_checkpoint(old, path)
+    saved = ms.load_checkpoint(path)["gradmon_spike_state"].asnumpy()
+    with pytest.raises(RuntimeError, match=r"gradmon_spike_state .*same shape"):
+        ms.load_param_into_net(cell(), ms.load_checkpoint(path))
+    new = cell(spike_lr_ratio=0)
+    ms.load_param_into_net(new, ms.load_checkpoint(path))
+    assert np.array_equal(new.spike_state.asnumpy(), saved) and saved[0] == 3  # its 3 steps, not a reset

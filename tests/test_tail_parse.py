@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gradmon.logformat.jsonl import RecordError, decode_line, decode_record, encode_record
 from gradmon.logformat.lines import LineSplitter
+from gradmon.logformat.schema import MARK_FLAGS
 from gradmon.server.parse import parse_lines
 
 
@@ -44,6 +45,7 @@ _GOOD = [
     encode_record({"type": "step", "step": 3, "ts": 1.5, "loss": 0.25, "grad_norm": 2.0}),
     encode_record({"type": "step", "step": 4, "loss": math.nan, "grad_norm": math.inf, "nonfinite": True}),
     encode_record({"type": "step", "step": 5, "spike": True, "clipped": False, "note": "NaN"}),
+    encode_record({"type": "step", "step": 6, "loss": 0.5, "clipped": True}),  # (a flag, no mark flag)
     encode_record({"type": "event", "kind": "spike", "step": 5, "message": "Infinity"}),
     encode_record({"type": "header", "schema": 1, "run_id": "a", "config": {"x": [math.nan, 1]}}),
     encode_record({"type": "step", "step": 6, "unit": "é", "loss": 1.0}),  # non-ASCII
@@ -94,10 +96,14 @@ def test_parse_lines_agrees_with_decode_line(lines, oversize, start, use_orjson)
     assert got.offsets == offsets and got.end == (pairs[-1][0] if pairs else start)
     assert [_strict(r) if isinstance(w, dict) else r for r, w in zip(got.raw, raw)] == raw
     assert got.malformed == len(pairs) - len(want)
-    for i, rec in enumerate(got.records):  # a record not in `check` has no flag set and no NaN
-        if i not in got.check:  # (±inf only from a literal too big for a float, like -1e999)
-            assert not any(v is True for v in rec.values())
+    for i, rec in enumerate(got.records):  # a record not in `check` has no mark flag set and no NaN
+        if i not in got.check:  # (±inf only from a literal too big for a float, like -1e999: stdlib)
+            assert not any(rec.get(flag) is True for flag, _kind in MARK_FLAGS)
             assert not any(math.isnan(v) for v in rec.values() if isinstance(v, float))
+            if not use_orjson:  # (the stdlib scanner's: no true at all)
+                assert not any(v is True for v in rec.values())
+            else:
+                assert not any(isinstance(v, float) and not math.isfinite(v) for v in rec.values())
 
 
 @pytest.mark.parametrize("use_orjson", [False, True])

@@ -32,7 +32,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Mapping
 from itertools import accumulate, chain, compress, count, islice, repeat
-from operator import gt, lt, mul, sub
+from operator import gt, mul, sub
 from typing import Any, Optional
 
 from gradmon.logformat.alarms import AlarmConfig, AlarmRule
@@ -42,7 +42,8 @@ from gradmon.server.values import number
 __all__ = ["BatchAlarmRule", "WindowBaseline", "readable"]
 
 _NUMBER_TYPES = frozenset({float, int})
-_NO_VALUE = frozenset({type(None)})
+_NONE = type(None)
+_NO_VALUE = frozenset({_NONE})
 _FLOAT = {float}
 _INF = math.inf
 
@@ -113,6 +114,18 @@ class WindowBaseline:
         everything = sorted(chain(self._recent, new))
         return everything[len(everything) - (n0 - n0 // 2)]
 
+    def median_ceiling_after(self, learnt: list[float], new: list[float]) -> float:
+        """:meth:`median_ceiling` of ``new`` once ``learnt`` (unflagged values) are added first."""
+        if not learnt:
+            return self.median_ceiling(new)
+        keep = self.window - len(learnt)
+        recent = self._recent
+        held = learnt[-self.window:] if keep <= 0 else \
+            [*islice(recent, max(0, len(recent) - keep), None), *learnt]
+        n0 = len(held)
+        everything = sorted(chain(held, new))
+        return everything[len(everything) - (n0 - n0 // 2)]
+
     def lower_envelope(self, newest: int) -> float:
         """The largest unflagged value among the newest ``newest`` values (``-inf`` when none)."""
         newest = min(newest, len(self._recent))
@@ -165,19 +178,21 @@ class BatchAlarmRule(AlarmRule):
             columns = KeyColumns(records)
         steps = columns.values("step")  # (an int in every step record: parse.py)
         last = self._last_step
-        if not records or not self.bulk or not (last is None or steps[0] > last) \
-                or not all(map(lt, steps, islice(steps, 1, None))):
+        if not records or not self.bulk or not (last is None or steps[0] > last) or not columns.increasing():
             self._one_by_one(records, 0, len(records), out)
             return out
-        losses, odd_losses = _column(columns.values("loss"), columns.types("loss"))
-        norms, odd_norms = _column(columns.values("grad_norm"), columns.types("grad_norm"))
+        loss_types, norm_types = columns.types("loss"), columns.types("grad_norm")
+        losses, odd_losses = _column(columns.values("loss"), loss_types)
+        norms, odd_norms = _column(columns.values("grad_norm"), norm_types)
         scales = columns.values("loss_scale") if "loss_scale" in columns.key_set() else None
         cols = (losses, norms, None if scales is None or scales.count(None) == len(scales) else scales)
-        odd = {*odd_losses, *odd_norms, *_flag_without_norm(records, norms)}
+        # (None in a column of floats is found by its types: ``in`` compares every float with None)
+        sparse = (_NONE in loss_types, _NONE in norm_types)
+        odd = {*odd_losses, *odd_norms, *(_flag_without_norm(records, norms) if sparse[1] else ())}
         lo = 0
         for i in [*sorted(odd), len(records)]:
             if i > lo:
-                self._plain(records, steps, cols, lo, i, out)
+                self._plain(records, steps, cols, lo, i, out, sparse)
             if i < len(records):
                 self._one_by_one(records, i, i + 1, out)
             lo = i + 1
@@ -189,13 +204,22 @@ class BatchAlarmRule(AlarmRule):
             out.extend((i, e) for e in self.update(records[i]))
 
     def _plain(self, records: list[dict[str, Any]], steps: list[int], columns: _Columns, lo: int, hi: int,
-               out: list[tuple[int, dict[str, Any]]]) -> None:
-        """Records ``[lo, hi)``: increasing steps, every loss and norm a finite number or absent.
+               out: list[tuple[int, dict[str, Any]]], sparse: tuple[bool, bool] | None = None) -> None:
+        """Records ``[lo, hi)``: increasing steps, every loss and norm a finite number or absent
+        (``sparse``: whether some loss, some norm may be absent; ``None``: look).
         Chunk by chunk: learn up to the first candidate in bulk, judge that one by the parent."""
         losses, norms, scales = columns
-        sparse_loss, sparse_norm = None in losses, None in norms
+        sparse_loss, sparse_norm = (None in losses, None in norms) if sparse is None else sparse
         config = self.config
         while lo < hi:
+            if not (sparse_loss or sparse_norm):
+                quiet = self._quiet_chunks(losses, norms, lo, hi)
+                if quiet > lo:  # whole chunks proven quiet: learnt in one go
+                    self._learn_quiet(steps, (None, losses[lo:quiet]), (None, norms[lo:quiet]), scales,
+                                      lo, quiet, out)
+                    lo = quiet
+                    if lo == hi:
+                        break
             end = min(hi, lo + self.chunk)
             loss = _present(losses[lo:end], sparse_loss)
             norm = _present(norms[lo:end], sparse_norm)
@@ -210,6 +234,39 @@ class BatchAlarmRule(AlarmRule):
             if lo < end:
                 self._one_by_one(records, lo, lo + 1, out)
                 lo += 1
+
+    def _quiet_chunks(self, losses: list[float], norms: list[float], lo: int, hi: int) -> int:
+        """The end of the chunks from ``lo`` (of ``self.chunk`` records, the last one up to ``hi``)
+        that the screen of :meth:`_first_candidate` proves quiet one after the other, every record
+        having a loss and a norm: for each, only the largest loss and norm are compared (one C call
+        each). The first chunk's floors are the baselines' (``lower_envelope``); a later one's are
+        the chunk before's largest values: those are among the newest ``window - chunk`` values
+        when it is judged (``chunk <= window - chunk``), none flagged."""
+        config = self.config
+        norm_window, loss_window = self.norm_window, self.loss_window
+        if len(norm_window) < config.min_history or len(loss_window) < config.min_history:
+            return lo  # (some records are not judged yet: the chunk by chunk path knows which)
+        chunk = self.chunk
+        factor, over = config.norm_over_max, config.loss_over_max
+        norm_floor = norm_window.lower_envelope(config.window - chunk)
+        loss_floor = loss_window.lower_envelope(config.window - chunk)
+        end = lo
+        while end < hi:
+            stop = min(hi, end + chunk)
+            top_norm = max(norms[end:stop])
+            if top_norm > factor * norm_floor:
+                break
+            top_loss = max(losses[end:stop])
+            if top_loss > loss_floor:
+                # (a flagged loss is also above over * E - (over - 1) * m: the median's ceiling,
+                # with the window as it is once the chunks before are learnt)
+                new = losses[end:stop]
+                ceiling = loss_window.median_ceiling_after(losses[lo:end], new) if over > 1 else _INF
+                if ceiling == _INF or top_loss > over * loss_floor - (over - 1) * ceiling:
+                    break
+            norm_floor, loss_floor = top_norm, top_loss
+            end = stop
+        return end
 
     def _first_candidate(self, present: _Present, baseline: WindowBaseline, factor: float, over: float,
                          limit: int) -> int:
@@ -309,13 +366,14 @@ def _column(values: list[Any], types: set[type]) -> tuple[list[Any], list[int]]:
     integers as floats, as the rule takes them), and the positions of values that are neither
     absent nor a finite number (bools, text, NaN, inf, integers too big for a float): those records
     go through ``AlarmRule.update``."""
-    absent = values.count(None)
-    if absent == len(values):
-        return values, []
     if types == _FLOAT:  # the common column: C calls only
         if math.isfinite(sum(values)):
             return values, []
-    elif types <= _NUMBER_TYPES | _NO_VALUE:
+        return values, [i for i, v in enumerate(values) if not _finite_number(v)]
+    absent = values.count(None)
+    if absent == len(values):
+        return values, []
+    if types <= _NUMBER_TYPES | _NO_VALUE:
         if int in types:
             values = [float(v) if type(v) is int and _finite_number(v) else v for v in values]
         try:

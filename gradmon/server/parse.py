@@ -17,13 +17,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import is_not, itemgetter
+from itertools import compress, count, islice, repeat
+from operator import is_, is_not, itemgetter, lt
 from typing import Any
 
 # The field-type rules of ``validate_record``, checked here a column at a time.
 from gradmon.logformat.jsonl import STRICT_DECODER, RecordError, decode_record, encode_record, validate_record
-from gradmon.logformat.schema import INT_FIELDS, NUMBER_FIELDS
+from gradmon.logformat.schema import INT_FIELDS, MARK_FLAGS, NUMBER_FIELDS
 from gradmon.server.values import FAST_TYPES
 
 __all__ = ["KeyColumns", "ParsedLines", "parse_lines"]
@@ -48,6 +48,8 @@ _TYPE_OK = {
     **{key: frozenset({int, float, type(None)}) for key in NUMBER_FIELDS},
 }
 _TYPE_OK["step"] = frozenset({int})  # the fast path only takes step records, which need a step
+_NONE = type(None)
+_MARK_FLAG_KEYS = tuple(flag for flag, _kind in MARK_FLAGS)
 
 
 class KeyColumns:
@@ -56,19 +58,56 @@ class KeyColumns:
     here, the pyramid's summaries (``steps.py``), the sidecar's rows (``columns.step_rows``) and the
     alarm rule. A column is a list nobody may change."""
 
-    __slots__ = ("_keys", "_types", "_values", "records")
+    __slots__ = ("_increasing", "_keys", "_no_bools", "_types", "_values", "records")
 
     def __init__(self, records: list[dict]) -> None:
         self.records = records
         self._values: dict[str, list[Any]] = {}
         self._types: dict[str, set[type]] = {}
         self._keys: set[str] | None = None
+        self._no_bools = False  # proven: no record holds a bool (set with the keys, see _same_keys)
+        self._increasing: bool | None = None
 
     def key_set(self) -> set[str]:
         """Every key of the records (a set nobody may change)."""
         if self._keys is None:
-            self._keys = set().union(*self.records)
+            keys = self._same_keys()
+            self._keys = keys if keys is not None else set().union(*self.records)
         return self._keys
+
+    def _same_keys(self) -> set[str] | None:
+        """The first record's keys when every record has exactly those (the writer's common batch),
+        else ``None``: every record has as many keys, and each of the first's keys is in every
+        record (its column holds no ``None``: a ``None`` there is a key absent or a ``null``, not
+        told apart). Costs one ``len`` per record besides the columns' types, which the readers of
+        a batch take anyway; notes on the way whether some value is a bool."""
+        recs = self.records
+        if not recs:
+            return None
+        first = recs[0]
+        n = len(first)
+        if list(map(len, recs)).count(n) != len(recs):
+            return None
+        bools = False
+        for key in first:
+            types = self.types(key)
+            if _NONE in types:
+                return None
+            bools = bools or bool in types
+        self._no_bools = not bools
+        return set(first)
+
+    def no_bools(self) -> bool:
+        """Whether no record is proven to hold a ``true`` or ``false`` (``False``: not known)."""
+        self.key_set()
+        return self._no_bools
+
+    def increasing(self) -> bool:
+        """Whether the records' ``step`` values increase strictly (each record has an int ``step``)."""
+        if self._increasing is None:
+            steps = self.values("step")
+            self._increasing = all(map(lt, steps, islice(steps, 1, None)))
+        return self._increasing
 
     def values(self, key: str) -> list[Any]:
         got = self._values.get(key)
@@ -96,8 +135,9 @@ class ParsedLines:
     offsets: list[int] = field(default_factory=list)  # byte offset where each record's line starts
     raw: list[bytes] = field(default_factory=list)  # each record's line, without surrounding blanks
     # Indices (ascending) of records that may carry marks: decoded in full (they had non-finite
-    # strings or odd spacing) or holding a ``true`` (a flag). No other record can have a flag set
-    # or a non-finite value, except a number literal too large for a float (e.g. ``1e999``).
+    # strings or odd spacing) or with a mark flag set (``MARK_FLAGS``; read by the stdlib scanner:
+    # whose line holds a ``true``). No other record can have a mark flag set or a non-finite
+    # value, except (the stdlib scanner's) a number literal too large for a float (``1e999``).
     check: list[int] = field(default_factory=list)
     malformed: int = 0
     end: int = 0  # byte offset after the last line
@@ -115,13 +155,15 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
     out.end = lines[-1][0]
     texts = list(map(itemgetter(1), lines))
     blob = b"\n".join(texts if None not in texts else [b"" if ln is None else ln for ln in texts])
-    if _orjson_loads is not None and use_orjson:
+    by_orjson = _orjson_loads is not None and use_orjson
+    if by_orjson:
         # orjson allows blanks around a value (a line whose raw form must be stripped first):
         # look for them line by line only when the batch has any.
         blanks = b" " in blob or b"\t" in blob or b"\r" in blob  # (compact JSON has no blanks)
-        decoded, typeless = _candidates_orjson(lines, texts, blanks)
+        decoded, typeless, kinds = _candidates_orjson(lines, texts, blanks)
     else:
         decoded, typeless = _candidates_stdlib(lines, blob)
+        kinds = None
     # Lines that may hold the strings "NaN"/"Infinity"/"-Infinity" (an escape can spell them too)
     # go to decode_record, which turns them into floats.
     # (a rare byte first: one memchr rules out the common batch before a substring search, ~25 us each)
@@ -129,11 +171,24 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
         for i, (_end, line) in enumerate(lines):
             if decoded[i] is not None and (b'NaN"' in line or b'Infinity"' in line or b"\\" in line):  # type: ignore[operator]
                 decoded[i] = None
-    flagged = {i for i, (_e, ln) in enumerate(lines) if ln is not None and b"true" in ln} \
-        if _has_true(blob) else set()
-    slow = [i for i, r in enumerate(decoded) if r is None] if decoded.count(None) else []
+                kinds = None
+    # (kinds: every line a candidate, none dropped: no None to look for, which compares each record)
+    slow = [i for i, r in enumerate(decoded) if r is None] if kinds is None and decoded.count(None) else []
     fast = KeyColumns([r for r in decoded if r is not None] if slow else decoded)
-    if _all_valid(fast):
+    if kinds is not None:  # (the candidates' "type" column, taken already)
+        fast._values["type"] = kinds
+    valid = _all_valid(fast)
+    # The fast path's records that may carry marks (those decode_record reads are checked anyway).
+    # orjson's hold finite numbers only (it refuses 1e999 and NaN): only a mark flag set can give
+    # them a mark, found in the flags' columns (none when no record holds a bool: their types say
+    # so, taken anyway). The stdlib scanner reads 1e999 as inf: its lines with a "true" (a flag or
+    # not, a text search) are all checked.
+    if by_orjson:
+        flagged = set() if fast.no_bools() else _mark_flagged(fast, decoded if slow else None)
+    else:
+        flagged = {i for i, (_e, ln) in enumerate(lines) if ln is not None and b"true" in ln} \
+            if _has_true(blob) else set()
+    if valid:
         _assemble(lines, texts, start, decoded, slow, flagged, typeless, out)
         # (the common batch: the records are the ones validated, whose columns are taken already)
         out.columns = fast if out.records is fast.records else KeyColumns(out.records)
@@ -200,6 +255,20 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | Non
     return out
 
 
+def _mark_flagged(columns: KeyColumns, decoded: list[Any] | None) -> set[int]:
+    """The positions of the records (of ``columns``) with a mark flag set (``true``), as positions
+    among ``decoded`` (whose records that are not ``None`` they are) when given."""
+    keys = columns.key_set()
+    out: set[int] = set()
+    for flag in _MARK_FLAG_KEYS:
+        if flag in keys and bool in columns.types(flag):
+            out.update(compress(count(), map(is_, columns.values(flag), repeat(True))))
+    if out and decoded is not None:
+        at = [i for i, r in enumerate(decoded) if r is not None]
+        out = {at[k] for k in out}
+    return out
+
+
 def _typed(line: bytes) -> bytes:
     """A fast-path line of a step record without ``type`` (``{...}``, no blanks around, not
     empty), given ``"type": "step"`` first: strict JSON as it is sent on."""
@@ -263,9 +332,10 @@ def _candidates_stdlib(lines: Sequence[tuple[int, bytes | None]], blob: bytes) -
 
 
 def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | None],
-                       blanks: bool) -> tuple[list[Any], set[int]]:
-    """As :func:`_candidates_stdlib`, parsed by orjson. Where orjson and the stdlib differ, the
-    line is not a candidate or the difference cannot matter: orjson refuses lone surrogates and
+                       blanks: bool) -> tuple[list[Any], set[int], list[Any] | None]:
+    """As :func:`_candidates_stdlib`, parsed by orjson, and the candidates' ``type`` values when
+    every line is one (else ``None``). Where orjson and the stdlib differ, the line is not a
+    candidate or the difference cannot matter: orjson refuses lone surrogates and
     ``1e999`` (left to ``decode_record``), and reads integers beyond 64 bits as floats, which
     ``validate_record`` refuses in integer fields (then ``decode_record`` decides) and which the
     index turns into floats anyway: the one difference in the result, a step record's huge
@@ -292,7 +362,7 @@ def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], texts: list[by
                     not_candidates += [i for i, p in enumerate(padded) if p]
             for i in not_candidates:
                 objs[i] = None
-            return objs, typeless
+            return objs, typeless, kinds if not not_candidates and not typeless else None
     decoded: list[Any] = []
     append = decoded.append
     for i, (_end, line) in enumerate(lines):
@@ -303,7 +373,7 @@ def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], texts: list[by
             continue
         ok = not blanks or (line[:1] == b"{" and line[-1:] == b"}")  # type: ignore[index]
         append(_step_record(obj, i, typeless) if ok else None)
-    return decoded, typeless
+    return decoded, typeless, None
 
 
 def _all_valid(columns: KeyColumns) -> bool:

@@ -1,7 +1,7 @@
 """The step records of a run, indexed: their numeric fields, their marks, and the min/max pyramid.
 
 Building is batched for speed: step records are held in the *open bucket* as decoded, and a bucket
-is summarized a column at a time with C builtins (``min``/``max``/``index``) when it closes (see
+is summarized a column at a time with C builtins (``sorted``/``index``) when it closes (see
 benchmarks/README.md for the speed). Only the few records that may carry marks (a ``true`` flag, a
 non-finite value: ``parse.ParsedLines.check``) are looked at one by one. Non-finite values and
 flagged steps (spike, skipped, nonfinite) are kept as *marks*, capped.
@@ -94,8 +94,11 @@ class StepSeries:
         steps = columns.values("step")  # (every step record has an int step: parse.py)
         self.count += len(recs)
         self.last_step = steps[-1]
-        lo, hi = min(steps), max(steps)
-        ordered = steps[0] == lo and steps[-1] == hi and all(map(le, steps, islice(steps, 1, None)))
+        if columns.increasing():  # (the common batch; shared with the alarm rule)
+            lo, hi, ordered = steps[0], steps[-1], True
+        else:
+            lo, hi = min(steps), max(steps)
+            ordered = steps[0] == lo and steps[-1] == hi and all(map(le, steps, islice(steps, 1, None)))
         self.min_step = lo if self.min_step is None else min(self.min_step, lo)
         self.max_step = hi if self.max_step is None else max(self.max_step, hi)
         # Fields are decided record by record, in file order (never per batch or per bucket), so
@@ -228,8 +231,9 @@ class StepSeries:
         marks are taken; the others get theirs here if a value turns out non-finite)."""
         out = Summary(offset)
         out.n = len(steps)
-        out.lo = min(steps)
-        out.hi = max(steps)
+        ordered = sorted(steps)  # (one C call: a run of increasing ints is sorted in one pass)
+        out.lo = ordered[0]
+        out.hi = ordered[-1]
         cols = self._ob_cols if recs is self._ob_recs else {}
         for name in self.series_names():
             values = cols.get(name)

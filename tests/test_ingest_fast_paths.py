@@ -1,0 +1,238 @@
+"""The ingest's batch shortcuts agree with the general code they stand in for: a bucket column's
+ends found by one sort (against min()/max()), a batch's keys proven without a set union and its
+flags looked for only when some record holds a bool (against the definitions, and parse_lines
+on mixed batches against the same lines parsed one by one), and the alarm rule's whole-chunk
+screen (against the rule fed record by record, on runs the screen covers)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from gradmon.logformat.alarms import AlarmConfig
+from gradmon.logformat.schema import MARK_FLAGS
+from gradmon.server.alarmrule import BatchAlarmRule
+from gradmon.server.parse import KeyColumns, parse_lines
+from gradmon.server.pyramid import column_summary
+from gradmon.server.values import FAST_TYPES, number
+
+# ------------------------------------------------------------------------ a bucket's column ends
+
+
+def _summary_by_min_max(values: list, steps: list[int]) -> tuple[list | None, bool]:
+    """column_summary as it was before the sort (min() and max()), the reference."""
+    if set(map(type, values)) <= FAST_TYPES:
+        lo, hi = min(values), max(values)
+        if lo >= -1e308 and hi <= 1e308:
+            i, j = values.index(lo), values.index(hi)
+            return [len(values), steps[0], float(values[0]), steps[-1], float(values[-1]),
+                    steps[i], float(lo), steps[j], float(hi)], False
+    out, nonfinite = None, False
+    for s, raw in zip(steps, values):
+        v = number(raw)
+        if v is None:
+            continue
+        if not math.isfinite(v):
+            nonfinite = True
+            continue
+        if out is None:
+            out = [0, s, v, s, v, s, v, s, v]
+        out[0] += 1
+        out[3], out[4] = s, v
+        if v < out[6]:
+            out[5], out[6] = s, v
+        if v > out[8]:
+            out[7], out[8] = s, v
+    return out, nonfinite
+
+
+_NUMBERS = st.one_of(
+    st.sampled_from([0.0, -0.0, 1.0, 1, -1, 2.5, math.nan, math.inf, -math.inf, 10**20, 10**400, -(10**400),
+                     1e308, -1e308, 1.5e308, 2**53 + 1]),
+    st.floats(-10.0, 10.0), st.integers(-5, 5))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_NUMBERS, min_size=1, max_size=40))
+@example([-1.0, 0.0, -0.0])  # (ties: min() and max() keep the first of equal values, -0.0 or 0.0)
+@example([1.0, -0.0, 0.0])
+@example([2, 2.0, 1.0, 1])
+@example([0.5, math.nan, 0.25])
+def test_a_column_s_summary_by_one_sort_is_the_min_max_one(values):
+    steps = list(range(100, 100 + len(values)))
+    want = _summary_by_min_max(values, steps)
+    for plain in (False, True):
+        got = column_summary(values, steps, plain)
+        assert repr(got) == repr(want)  # (repr: -0.0 and 0.0 told apart, NaN equal to NaN)
+
+
+# ---------------------------------------------------------------------------- a batch's keys
+
+
+_VALUES = [1.5, 2, None, True, False, "text", math.nan, -0.0, 10**20]
+
+
+def _records(rng: random.Random, n: int) -> list[dict]:
+    """Step records, mostly of one shape (the writer's), some with keys in another order, one
+    missing or swapped for another (as many keys), None, bools, text and NaN here and there."""
+    keys = ["type", "step", "loss", "grad_norm", "lr"]
+    recs = []
+    step = rng.randrange(5)
+    for _ in range(n):
+        step += rng.choice([1, 1, 1, 0, -1]) if rng.random() < 0.2 else 1
+        rec = {"type": "step", "step": step}
+        order = keys[2:] if rng.random() < 0.9 else rng.sample(keys[2:], 3)
+        for k in order:
+            rec[k] = rng.choice(_VALUES) if rng.random() < 0.05 else rng.random()
+        r = rng.random()
+        if r < 0.03:
+            del rec[rng.choice(order)]
+        elif r < 0.06:
+            rec[rng.choice(["spike", "clipped", "nonfinite"])] = rec.pop(rng.choice(order))
+        elif r < 0.08:
+            rec["extra"] = 1.0
+        recs.append(rec)
+    return recs
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 40))
+def test_a_batch_s_keys_bools_and_order_are_what_they_say(seed, n):
+    recs = _records(random.Random(seed), n)
+    cols = KeyColumns(recs)
+    assert cols.key_set() == set().union(*recs)
+    if cols.no_bools():
+        assert not any(type(v) is bool for r in recs for v in r.values())
+    steps = [r["step"] for r in recs]
+    assert cols.increasing() == all(a < b for a, b in zip(steps, steps[1:]))
+    for k in cols.key_set():  # (the columns the proof took are each record's values)
+        assert cols.values(k) == [r.get(k) for r in recs]
+        assert cols.types(k) == {type(r.get(k)) for r in recs}
+
+
+def _line(rng: random.Random, rec: dict) -> bytes:
+    r = rng.random()
+    if r < 0.04:
+        return b'{"type":"step","step":'  # malformed
+    if r < 0.07:
+        return json.dumps({"type": "event", "kind": "spike", "step": rec["step"], "message": "true"}).encode()
+    if r < 0.09:
+        return json.dumps({**rec, "note": "true story"}, separators=(",", ":")).encode()  # "true" in text
+    if r < 0.11:
+        return json.dumps({**rec, "loss": "NaN"}, separators=(",", ":")).encode()
+    if r < 0.13:  # (the stdlib scanner reads it as inf: a mark at once, as a "true" line's)
+        return json.dumps({**rec, "note": "true"}, separators=(",", ":")).encode()[:-1] + b',"g":1e999}'
+    return json.dumps(rec, separators=(",", ":"), allow_nan=True).encode()  # (bare NaN tokens too)
+
+
+def _pairs(lines: list[bytes]) -> list[tuple[int, bytes]]:
+    out, end = [], 0
+    for ln in lines:
+        end += len(ln) + 1
+        out.append((end, ln))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 60), st.booleans())
+def test_parse_lines_on_mixed_batches_agrees_with_the_lines_one_by_one(seed, n, use_orjson):
+    rng = random.Random(seed)
+    pairs = _pairs([_line(rng, rec) for rec in _records(rng, n)])
+    whole = parse_lines(pairs, 0, use_orjson=use_orjson)
+    recs, raw, offsets, malformed, slow = [], [], [], 0, set()
+    for k, (end, line) in enumerate(pairs):
+        one = parse_lines([(end, line)], pairs[k - 1][0] if k else 0, use_orjson=use_orjson)
+        malformed += one.malformed
+        if one.check and not any(one.records[0].get(f) is True for f, _k in MARK_FLAGS):
+            slow.add(len(recs))  # (decoded in full, or by the stdlib with a "true": checked in any batch)
+        recs += one.records
+        raw += one.raw
+        offsets += one.offsets
+    assert json.dumps(whole.records) == json.dumps(recs)
+    assert (whole.raw, whole.offsets, whole.malformed) == (raw, offsets, malformed)
+    flagged = {i for i, r in enumerate(recs) if any(r.get(f) is True for f, _k in MARK_FLAGS)}
+    check = set(whole.check)
+    assert flagged | slow <= check  # every record that may carry a mark is checked ...
+    assert check <= flagged | slow | {i for i, ln in enumerate(raw) if b"true" in ln}  # ... and few more
+    if use_orjson:  # (orjson's records hold finite numbers: only a mark flag can give them a mark)
+        assert check == flagged | slow
+    else:  # (the stdlib's may hold inf, from 1e999: every line with a "true" is checked)
+        assert {i for i, ln in enumerate(raw) if b"true" in ln} <= check
+    assert whole.columns is not None and whole.columns.records is whole.records
+    for k in whole.columns.key_set():
+        assert json.dumps(whole.columns.values(k)) == json.dumps([r.get(k) for r in whole.records])
+
+
+# ------------------------------------------------------------- the alarm rule's whole chunks
+
+
+def _run(rng: random.Random, n: int, drift: float) -> list[dict]:
+    """A long run of plain steps (a stationary or drifting noisy loss, a noisy norm) with a few
+    spikes and loss jumps: the chunks between them are the whole-chunk screen's."""
+    recs = []
+    for s in range(1, n + 1):
+        norm = 1.0 + 0.3 * rng.random()
+        loss = 2.0 + drift * s + 0.2 * rng.random()
+        if rng.random() < 0.004:
+            norm *= rng.choice([4, 40])
+        if rng.random() < 0.004:
+            loss += rng.choice([0.5, 5.0])
+        recs.append({"type": "step", "step": s, "loss": loss, "grad_norm": norm})
+    return recs
+
+
+def test_the_whole_chunk_screen_gives_the_rule_s_events_and_covers_most_records():
+    rng = random.Random(3)
+    for config, drift in [(AlarmConfig(), 0.0), (AlarmConfig(), -1e-4), (AlarmConfig(), 1e-4),
+                          (AlarmConfig(window=21, min_history=4, quiet_steps=5, loss_over_max=2.0), 0.0)]:
+        recs = _run(rng, 6000, drift)
+        plain = BatchAlarmRule(config)
+        want = [(i, e) for i, r in enumerate(recs) for e in plain.update(r)]
+        want += [(len(recs), e) for e in plain.finish()]
+        rule, covered = BatchAlarmRule(config), [0]
+        screen = rule._quiet_chunks
+
+        def counted(losses, norms, lo, hi, screen=screen, covered=covered):
+            end = screen(losses, norms, lo, hi)
+            covered[0] += end - lo
+            return end
+
+        rule._quiet_chunks = counted  # type: ignore[method-assign]
+        got, i = [], 0
+        while i < len(recs):
+            j = min(len(recs), i + rng.choice([317, 320, 1000]))  # (the server's 64 KB batches: ~320)
+            got += [(i + k, e) for k, e in rule.update_steps(recs[i:j])]
+            i = j
+        got += [(len(recs), e) for e in rule.finish()]
+        assert want and json.dumps(got) == json.dumps(want)
+        assert covered[0] > 0.6 * len(recs), (config, drift, covered[0])
+
+
+def _ramps(seed: int) -> list[dict]:
+    """A loss that ramps up and down piecewise with jumps on it: the window's median moves within
+    a batch, so a chunk's median ceiling must count the chunks learnt before it in that batch."""
+    rng = random.Random(seed)
+    recs, loss, slope = [], 1.0, 0.0
+    rng.choice([0, 1])  # (the config draw of the search that found seed 225)
+    for s in range(1, 3001):
+        if rng.random() < 0.01:
+            slope = rng.choice([0, 0, 0.002, 0.01, 0.05, -0.01])
+        loss += slope
+        value = loss + 0.05 * rng.random()
+        if rng.random() < 0.01:
+            value += rng.choice([0.3, 1.0, 3.0]) * max(1, abs(loss))
+        recs.append({"type": "step", "step": s, "loss": value, "grad_norm": 1.0 + 0.1 * rng.random()})
+    return recs
+
+
+def test_the_whole_chunk_screen_follows_a_moving_median():
+    for seed in (225, 7, 11):
+        recs = _ramps(seed)
+        plain, rule = BatchAlarmRule(), BatchAlarmRule()
+        want = [(i, e) for i, r in enumerate(recs) for e in plain.update(r)]
+        got = [(i + k, e) for i in range(0, len(recs), 1000) for k, e in rule.update_steps(recs[i:i + 1000])]
+        assert want and json.dumps(got) == json.dumps(want), seed
