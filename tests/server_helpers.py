@@ -159,3 +159,12 @@ def answer_from_memory(idx: RunIndex, pairs: list[tuple[int, bytes]], start: int
     with mock.patch.object(history, "read_lines", read):
         series, exact = answer_series(job)
     return job.plan, series, exact
+
+
+def line_pairs(lines: list[bytes]) -> list[tuple[int, bytes]]:
+    """``(end_offset, line)`` for each of ``lines`` as a tailer reads them (one newline after each)."""
+    out, end = [], 0
+    for ln in lines:
+        end += len(ln) + 1
+        out.append((end, ln))
+    return out

@@ -15,6 +15,7 @@ from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from server_helpers import line_pairs
 
 from gradmon.server import history
 from gradmon.server.history import HistoryOptions, answer, build_job
@@ -44,14 +45,6 @@ def _log(rnd, n: int) -> list[bytes]:
     return lines
 
 
-def _pairs(lines: list[bytes]) -> list[tuple[int, bytes]]:
-    out, end = [], 0
-    for ln in lines:
-        end += len(ln) + 1
-        out.append((end, ln))
-    return out
-
-
 def _indexed(pairs: list[tuple[int, bytes]], cuts: list[int]) -> RunIndex:
     idx = RunIndex()
     for a, b in zip([0, *cuts], [*cuts, len(pairs)]):
@@ -78,7 +71,7 @@ def _answers(idx: RunIndex, pairs: list[tuple[int, bytes]]) -> tuple:
 
 
 def _check(lines: list[bytes], cuts: list[int]) -> None:
-    pairs = _pairs(lines)
+    pairs = line_pairs(lines)
     one = _answers(_indexed(pairs, list(range(1, len(pairs)))), pairs)
     assert _answers(_indexed(pairs, cuts), pairs) == one
     assert _answers(_indexed(pairs, []), pairs) == one
@@ -103,7 +96,7 @@ def test_key_first_none_then_nan_across_a_bucket_close_in_one_batch():
     recs[BUCKET + 1]["y"] = 1.0
     recs[BUCKET + 2]["x"] = "NaN"
     lines = [json.dumps(r).replace(" ", "").encode() for r in recs]
-    pairs = _pairs(lines)
+    pairs = line_pairs(lines)
     whole = _indexed(pairs, [])
     assert whole.steps.fields == ["loss", "x", "y"]
     assert [m[:3] for m in whole.steps.marks] == [(BUCKET + 2, "nonfinite", "x")]

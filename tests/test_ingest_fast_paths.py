@@ -12,6 +12,7 @@ import random
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from server_helpers import line_pairs
 
 from gradmon.logformat.alarms import AlarmConfig
 from gradmon.logformat.schema import MARK_FLAGS
@@ -129,19 +130,11 @@ def _line(rng: random.Random, rec: dict) -> bytes:
     return json.dumps(rec, separators=(",", ":"), allow_nan=True).encode()  # (bare NaN tokens too)
 
 
-def _pairs(lines: list[bytes]) -> list[tuple[int, bytes]]:
-    out, end = [], 0
-    for ln in lines:
-        end += len(ln) + 1
-        out.append((end, ln))
-    return out
-
-
 @settings(max_examples=150, deadline=None)
 @given(st.integers(0, 2**32), st.integers(1, 60), st.booleans())
 def test_parse_lines_on_mixed_batches_agrees_with_the_lines_one_by_one(seed, n, use_orjson):
     rng = random.Random(seed)
-    pairs = _pairs([_line(rng, rec) for rec in _records(rng, n)])
+    pairs = line_pairs([_line(rng, rec) for rec in _records(rng, n)])
     whole = parse_lines(pairs, 0, use_orjson=use_orjson)
     recs, raw, offsets, malformed, slow = [], [], [], 0, set()
     for k, (end, line) in enumerate(pairs):
