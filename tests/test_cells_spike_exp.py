@@ -19,7 +19,8 @@ from tests import parity_util
 
 pytestmark = pytest.mark.skipif(parity_util.compiler_missing(),
                                 reason="no C++ compiler here (the op path is the detector)")
-graph_mode = parity_util.graph_mode  # the fixture
+graph_mode = parity_util.graph_mode  # the fixtures
+context_mode = parity_util.context_mode
 
 F32 = np.float32
 MAX_CLAMP, MIN_CLAMP = F32(88.72283935546875), F32(-87.3365478515625)
@@ -106,8 +107,9 @@ def test_one_element_tensors_match_the_kernel_graph(sweep, graph_mode):
     assert np.isinf(got[x == F32(88.5)]).all()  # the scalar loop: inf where the vector loop is finite
 
 
-def test_one_element_tensors_match_the_kernel_pynative(sweep):
+def test_one_element_tensors_match_the_kernel_pynative(sweep, context_mode):
     """The same in PYNATIVE (its own launch path), shape (1,) and shape (), on a smaller sample."""
+    context_mode("PYNATIVE")  # (whatever mode the tests before left)
     rng = np.random.default_rng(1)
     x = np.concatenate([_extremes(), rng.choice(sweep[_in_vector_bands(sweep)], 150), rng.choice(sweep, 150)])
     want = kernel_exp(x)
