@@ -95,13 +95,15 @@ def _zoom(url: str, name: str, steps: int) -> Callable[[random.Random], Any]:
 
 
 def _wait_indexed(url: str, name: str, steps: int, timeout: float) -> bool:
+    """Whether the run is indexed to ``steps`` within ``timeout`` s (asked at least once: 0 = now)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         info = {r["name"]: r for r in list_runs(url)}.get(name)
         if info and info.get("last_step") == steps and not info.get("indexing"):
             return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.1)
-    return False
 
 
 def _summary(blocks: list[dict[str, Any]]) -> dict[str, Any]:
