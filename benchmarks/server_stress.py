@@ -43,7 +43,7 @@ SMOKE = {"big_steps": 20_000, "rounds": 1, "block_s": 0.5, "rate": 50, "frames":
          "index_block_s": 0.5, "load_timeout_s": 120, "settle_s": 0.5, "cold": 1}
 FULL = {"big_steps": 2_000_000, "rounds": 3, "block_s": 4.0, "rate": 50, "frames": 60, "idle": 1000,
         "index_block_s": 4.0, "load_timeout_s": 600, "settle_s": 3.0, "cold": 1}
-# (index_block_s: inside a 2M-step cold index on this machine, ~5 s since stop 30; a block that
+# (index_block_s: about as long as a 2M-step cold index on this machine, ~5 s since stop 30; a block that
 # outlasts it measures the idle poll interval, not the indexing: still_indexing_after says which)
 
 
