@@ -18,8 +18,8 @@ from gradmon.logformat.alarms import AlarmConfig
 from gradmon.logformat.schema import MARK_FLAGS
 from gradmon.server.alarmrule import BatchAlarmRule
 from gradmon.server.parse import KeyColumns, parse_lines
-from gradmon.server.pyramid import column_summary
-from gradmon.server.values import FAST_TYPES, number
+from gradmon.server.pyramid import column_summary, finite_summary
+from gradmon.server.values import FAST_TYPES
 
 # ------------------------------------------------------------------------ a bucket's column ends
 
@@ -32,23 +32,7 @@ def _summary_by_min_max(values: list, steps: list[int]) -> tuple[list | None, bo
             i, j = values.index(lo), values.index(hi)
             return [len(values), steps[0], float(values[0]), steps[-1], float(values[-1]),
                     steps[i], float(lo), steps[j], float(hi)], False
-    out, nonfinite = None, False
-    for s, raw in zip(steps, values):
-        v = number(raw)
-        if v is None:
-            continue
-        if not math.isfinite(v):
-            nonfinite = True
-            continue
-        if out is None:
-            out = [0, s, v, s, v, s, v, s, v]
-        out[0] += 1
-        out[3], out[4] = s, v
-        if v < out[6]:
-            out[5], out[6] = s, v
-        if v > out[8]:
-            out[7], out[8] = s, v
-    return out, nonfinite
+    return finite_summary(values, steps)  # (the value-by-value path, unchanged by the sort)
 
 
 _NUMBERS = st.one_of(

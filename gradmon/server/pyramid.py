@@ -24,7 +24,7 @@ from typing import Any
 from gradmon.server.values import FAST_TYPES, number
 
 __all__ = ["BUCKET", "FANOUT", "STORED_LEVELS", "TAIL_MAX", "Level", "Pyramid", "Summary", "column_summary",
-           "merge_summaries"]
+           "finite_summary", "merge_summaries"]
 
 BUCKET = 128  # step records per base bucket
 FANOUT = 4  # buckets of a level per bucket of the level above
@@ -72,6 +72,11 @@ def column_summary(values: Sequence[Any], steps: list[int], plain: bool = False)
                 j = values.index(hi)
             return [len(values), steps[0], float(values[0]), steps[-1], float(values[-1]),
                     steps[i], float(lo), steps[j], float(hi)], False
+    return finite_summary(values, steps)
+
+
+def finite_summary(values: Sequence[Any], steps: list[int]) -> tuple[list | None, bool]:
+    """:func:`column_summary` value by value: any column (None, text, bools, NaN, huge integers)."""
     out: list | None = None
     nonfinite = False
     for s, raw in zip(steps, values):
