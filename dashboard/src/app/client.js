@@ -28,7 +28,7 @@
       return this.bodyOf(fetch(this.url(path, params), { cache: "no-store" }));
     }
 
-    /** The JSON body of a fetch() under way (one boot/early.js sent, or getJson's); an error status throws. */
+    /** The JSON body of a fetch() under way (getJson's; boot/early.js hands over answers read already: answerOf); an error status throws. */
     async bodyOf(pending) {
       const resp = await pending;
       let body = null;
