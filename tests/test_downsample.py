@@ -76,3 +76,31 @@ def test_bucket_bounds_cover_everything_once():
 def test_mismatched_lengths_raise():
     with pytest.raises(ValueError, match="differ"):
         downsample([1, 2], [1.0], 1)
+
+
+def _indices_value_by_value(values, buckets, keep=()):
+    """downsample_indices by its definition, one value at a time (the reference)."""
+    n = len(values)
+    if n <= 4 * max(1, buckets):
+        return list(range(n))
+    chosen = {i for i in keep if 0 <= i < n}
+    for lo, hi in bucket_bounds(n, buckets):
+        finite = [i for i in range(lo, hi) if math.isfinite(values[i])]
+        chosen.update(i for i in range(lo, hi) if not math.isfinite(values[i]))
+        if finite:
+            imin = min(finite, key=lambda i: (values[i], i))  # the first of the smallest
+            imax = min(finite, key=lambda i: (-values[i], i))  # the first of the largest
+            chosen.update((finite[0], finite[-1], imin, imax))
+    return sorted(chosen)
+
+
+_some = st.sampled_from([0.0, -0.0, 1.0, 1.0, 2.5, -3.0, math.nan, math.inf, -math.inf, 1e308])
+
+
+@settings(max_examples=400, deadline=None)
+@given(values=st.lists(st.one_of(_some, finite), min_size=1, max_size=300), buckets=st.integers(1, 60),
+       keep=st.sets(st.integers(-3, 310), max_size=4), as_tuple=st.booleans())
+def test_indices_are_the_value_by_value_definition(values, buckets, keep, as_tuple):
+    # (ties, -0.0 against 0.0, NaN and infinities anywhere, buckets all finite or not)
+    got = downsample_indices(tuple(values) if as_tuple else values, buckets, keep)
+    assert got == _indices_value_by_value(values, buckets, keep)

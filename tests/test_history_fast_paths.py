@@ -1,10 +1,12 @@
 """The history answer's fast paths give what the general code gives: strict JSON in one C call
 (``responses.strict_json``, events spliced in encoded), merging a few points into a series by
 insertion (``readback.merge_series``), and a pyramid plan's points read per level from the
-stored columns (``Level.extend_points``) rather than summary by summary."""
+stored columns (``Level.extend_points``) rather than summary by summary, and the series encoded by
+orjson (``history._series_json``) as the stdlib encodes them."""
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
 import random
@@ -14,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_helpers import index_of
 
-from gradmon.server import query
+from gradmon.server import history, query, responses
 from gradmon.server.hub import dumps
 from gradmon.server.index import RunIndex
 from gradmon.server.pyramid import FANOUT, Pyramid, Summary
@@ -166,3 +168,61 @@ def test_a_pyramid_plan_s_series_are_those_node_by_node_with_segments_and_repeat
             plan = idx.plan_history(start, end, points, 1 << 40)
             if plan.kind == "pyramid":
                 assert plan.series == _series_node_by_node(idx, start, end, points), (case, start, end)
+
+
+_series_values = st.lists(
+    st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70)), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=4), _series_values, max_size=4))
+def test_series_encoded_by_orjson_are_the_stdlib_s_numbers(values):
+    # history._series_json (orjson) or, when it declines, the stdlib's strict encoding: the same
+    # JSON values, each non-finite number named; never a NaN written as null.
+    series = {name: (list(range(len(v))), v) for name, v in values.items()}
+    want = json.loads(strict_json({n: {"step": s, "value": history._plain_numbers(v)}
+                                   for n, (s, v) in series.items()}))
+    fast = history._series_json(series)
+    if fast is None:  # (an integer orjson cannot take, or a sum too big for a float)
+        assert any(type(x) is int and abs(x) >= 2**63 for v in values.values() for x in v) or any(
+            _sum_overflows(v) for v in values.values())
+        return
+    assert json.loads(fast) == want
+    assert b"null" not in fast and b"NaN" not in fast.replace(b'"NaN"', b"")
+
+
+def _sum_overflows(values: list) -> bool:
+    try:
+        math.isfinite(sum(values))
+    except OverflowError:
+        return True
+    return False
+
+
+def test_a_history_answer_is_the_same_with_orjson_or_without(tmp_path, monkeypatch):
+    # A log with a NaN loss and an infinite norm: the body orjson encodes parses to the stdlib's.
+    from gradmon.server.history import HistoryOptions, answer, build_job
+    from gradmon.server.runs import Run
+
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"type": "step", "step": s, "loss": 1.0 / s, "grad_norm": 2.0 + s % 7, "lr": 1e-07})
+             for s in range(1, 3000)]
+    lines[500] = '{"type": "step", "step": 501, "loss": "NaN", "grad_norm": "Infinity"}'
+    path.write_text("\n".join(lines) + "\n")
+    run = Run("r", str(path), sidecar=False)
+    while run.poll()[2]:
+        pass
+    bodies = {}
+    for label in ("orjson", "stdlib"):
+        if label == "stdlib":
+            monkeypatch.setattr(responses, "_orjson_dumps", None)
+        for span in ((None, None), (400, 600), (1, 2999)):
+            job = build_job(run, HistoryOptions(200, *span))
+            if label == "orjson":  # (the series took the orjson path)
+                assert history._series_json(history.answer_series(job)[0]) is not None
+            bodies[label, span] = answer(job)[0]
+    for span in ((None, None), (400, 600), (1, 2999)):
+        fast, plain = json.loads(bodies["orjson", span]), json.loads(bodies["stdlib", span])
+        assert fast == plain, span
+        assert 501 in fast["series"]["loss"]["step"], span  # (the NaN point: exact, or added by its mark)
+        assert fast["series"]["loss"]["value"][fast["series"]["loss"]["step"].index(501)] == "NaN", span

@@ -1,8 +1,8 @@
 """The ingest's batch shortcuts agree with the general code they stand in for: a bucket column's
-ends found by one sort (against min()/max()), a batch's keys proven without a set union and its
-flags looked for only when some record holds a bool (against the definitions, and parse_lines
-on mixed batches against the same lines parsed one by one), and the alarm rule's whole-chunk
-screen (against the rule fed record by record, on runs the screen covers)."""
+ends found by one sort (against the value-by-value summary), a batch's keys proven without a set
+union and its flags looked for only when some record holds a bool (against the definitions, and
+parse_lines on mixed batches against the same lines parsed one by one), and the alarm rule's
+whole-chunk screen (against the rule fed record by record, on runs the screen covers)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import math
 import random
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from server_helpers import line_pairs
@@ -19,20 +20,8 @@ from gradmon.logformat.schema import MARK_FLAGS
 from gradmon.server.alarmrule import BatchAlarmRule
 from gradmon.server.parse import KeyColumns, parse_lines
 from gradmon.server.pyramid import column_summary, finite_summary
-from gradmon.server.values import FAST_TYPES
 
 # ------------------------------------------------------------------------ a bucket's column ends
-
-
-def _summary_by_min_max(values: list, steps: list[int]) -> tuple[list | None, bool]:
-    """column_summary as it was before the sort (min() and max()), the reference."""
-    if set(map(type, values)) <= FAST_TYPES:
-        lo, hi = min(values), max(values)
-        if lo >= -1e308 and hi <= 1e308:
-            i, j = values.index(lo), values.index(hi)
-            return [len(values), steps[0], float(values[0]), steps[-1], float(values[-1]),
-                    steps[i], float(lo), steps[j], float(hi)], False
-    return finite_summary(values, steps)  # (the value-by-value path, unchanged by the sort)
 
 
 _NUMBERS = st.one_of(
@@ -47,12 +36,22 @@ _NUMBERS = st.one_of(
 @example([1.0, -0.0, 0.0])
 @example([2, 2.0, 1.0, 1])
 @example([0.5, math.nan, 0.25])
-def test_a_column_s_summary_by_one_sort_is_the_min_max_one(values):
+def test_a_column_s_summary_by_one_sort_is_the_value_by_value_one(values):
     steps = list(range(100, 100 + len(values)))
-    want = _summary_by_min_max(values, steps)
+    want = finite_summary(values, steps)  # (the definition: the finite numbers, one at a time)
     for plain in (False, True):
         got = column_summary(values, steps, plain)
         assert repr(got) == repr(want)  # (repr: -0.0 and 0.0 told apart, NaN equal to NaN)
+
+
+@pytest.mark.parametrize("values, want", [
+    ([1.0, math.nan, 2.0], [2, 10, 1.0, 12, 2.0, 10, 1.0, 12, 2.0]),
+    ([1.0, 2.0, math.nan], [2, 10, 1.0, 11, 2.0, 10, 1.0, 11, 2.0]),
+    ([3.0, math.inf, 1.0, math.nan], [2, 10, 3.0, 12, 1.0, 12, 1.0, 10, 3.0]),
+])
+def test_a_nan_inside_a_bucket_is_neither_counted_nor_its_last_value(values, want):
+    # (min() and max() pass over a NaN after the first value: the summary once counted it)
+    assert column_summary(values, [10, 11, 12, 13][:len(values)]) == (want, True)
 
 
 # ---------------------------------------------------------------------------- a batch's keys

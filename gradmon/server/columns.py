@@ -167,14 +167,16 @@ def series_from_columns(steps: Sequence[int], offsets: Sequence[int], flags: byt
         flagged = set(compress(range(len(sel)), picked))
     series: dict[str, tuple[list[int], list[float]]] = {}
     for name, (first, values) in columns.items():
-        bits = array("Q", values.tobytes())
         finite_only = name == TS
         a, b = sel[0] - first, sel[-1] + 1 - first
-        if contiguous and a >= 0 and bits[a:b].count(MISSING_BITS) == 0:  # the common range: no loop
+        if contiguous and a >= 0:  # the common range: no loop
             vals = values[a:b].tolist()
-            if not finite_only or math.isfinite(sum(vals)):
+            # (a finite sum: no NaN, so no MISSING either: one C pass, not a count of the bits)
+            if math.isfinite(sum(vals)) or (
+                    not finite_only and array("Q", values[a:b].tobytes()).count(MISSING_BITS) == 0):
                 series[name] = _downsampled(sel_steps, vals, flagged, exact, points)
                 continue
+        bits = array("Q", values.tobytes())
         pos = []
         vals = []
         for k, i in enumerate(sel):

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from itertools import islice, repeat
+from math import isfinite
+from operator import add, sub
 
 __all__ = ["bucket_bounds", "downsample", "downsample_indices"]
 
@@ -30,11 +33,22 @@ def downsample_indices(values: Sequence[float], buckets: int, keep: Iterable[int
     n = len(values)
     if n <= 4 * max(1, buckets):
         return list(range(n))
+    if type(values) is not list:
+        values = list(values)
     chosen = {i for i in keep if 0 <= i < n}
-    isfinite = math.isfinite
-    for lo, hi in bucket_bounds(n, buckets):
-        part = values[lo:hi]
-        if isfinite(sum(part)):  # all finite (the common bucket): C builtins, no Python loop
+    b = max(1, min(buckets, n))
+    los = [n * k // b for k in range(b)]  # (bucket_bounds' slices)
+    his = [*islice(los, 1, None), n]
+    parts = list(map(values.__getitem__, map(slice, los, his)))
+    finite = list(map(isfinite, map(sum, parts)))
+    if False not in finite:  # every bucket finite (a zoom's common case): C builtins, no loop per bucket
+        chosen.update(los)
+        chosen.update(map(sub, his, repeat(1)))
+        chosen.update(map(add, los, map(list.index, parts, map(min, parts))))
+        chosen.update(map(add, los, map(list.index, parts, map(max, parts))))
+        return sorted(chosen)
+    for lo, hi, part, ok in zip(los, his, parts, finite):
+        if ok:  # all finite: a min and a max are the first of their values (as the loop below)
             chosen.update((lo, hi - 1, lo + part.index(min(part)), lo + part.index(max(part))))
             continue
         first = last = imin = imax = -1

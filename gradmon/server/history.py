@@ -24,7 +24,7 @@ from gradmon.server.columns import MISSING, series_from_columns
 from gradmon.server.index import IndexSnapshot
 from gradmon.server.query import HistoryPlan
 from gradmon.server.readback import Series, merge_series, series_from_lines
-from gradmon.server.responses import HttpError, int_param, json_body
+from gradmon.server.responses import HttpError, finite_json, int_param, json_body
 from gradmon.server.sidecar import ColumnsRef, read_rows
 from gradmon.server.steps import Mark
 from gradmon.server.tail import read_lines
@@ -162,12 +162,32 @@ def _plain_values(marks: list[dict]) -> list[dict]:
 def _plain_numbers(values: list[float]) -> list:
     """``values`` with each non-finite one as its name, as the encoder would write it (so that the
     body is encoded in one call; a series holds a NaN where a mark's point was added, or the log's)."""
+    return _finite_numbers(values) or values  # (else the encoder's general path decides)
+
+
+def _finite_numbers(values: list[float]) -> list | None:
+    """``values`` with each non-finite one as its name, or ``None`` when they are not all numbers
+    (or an integer is too big for a float)."""
     try:
         if math.isfinite(sum(values)):  # (one C pass: no NaN or infinity among them)
             return values
     except (OverflowError, TypeError):
-        return values  # (the encoder's general path decides)
+        return None
+    if not set(map(type, values)) <= {int, float}:
+        return None
     return [x if x - x == 0 else to_jsonable(x) for x in values]
+
+
+def _series_json(series: Series) -> bytes | None:
+    """The answer's ``series`` encoded by orjson (a 1 % zoom of a 2M-step run: ~1 ms, the stdlib
+    ~6 ms), or ``None`` (no orjson, or values it cannot take: then the stdlib encodes them)."""
+    plain = {}
+    for name, (steps, values) in series.items():
+        got = _finite_numbers(values)
+        if got is None or type(name) is not str:
+            return None
+        plain[name] = {"step": steps, "value": got}
+    return finite_json(plain)
 
 
 def answer(job: HistoryJob) -> tuple[bytes, bool]:
@@ -192,6 +212,12 @@ def answer(job: HistoryJob) -> tuple[bytes, bool]:
         "malformed": idx.malformed,
         "marks_dropped": idx.marks_dropped,
         "events_dropped": idx.events_dropped,
-        "series": {n: {"step": s, "value": _plain_numbers(v)} for n, (s, v) in series.items()},
+        "series": None,
     }
-    return json_body(body, job.gzip_ok, {"events": idx.encoded_events_in(lo, hi)})
+    encoded: dict[str, list[bytes] | bytes] = {"events": idx.encoded_events_in(lo, hi)}
+    fast = _series_json(series)
+    if fast is not None:
+        encoded["series"] = fast
+    else:
+        body["series"] = {n: {"step": s, "value": _plain_numbers(v)} for n, (s, v) in series.items()}
+    return json_body(body, job.gzip_ok, encoded)

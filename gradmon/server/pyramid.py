@@ -52,24 +52,18 @@ def column_summary(values: Sequence[Any], steps: list[int], plain: bool = False)
     ``int`` or a ``float`` (not checked again).
 
     The common column (all plain finite numbers) is summarized by C builtins, no Python loop."""
-    if plain or set(map(type, values)) <= FAST_TYPES:
-        if _all_finite(values):
-            # One sort (list.sort compares a column of floats by their doubles: ~4x faster than
-            # min() and max() together, which compare objects); the first value equal to each end
-            # is the one min() and max() return (the first of the smallest, the first of the largest).
-            ordered = sorted(values)
-            i = values.index(ordered[0])
-            j = values.index(ordered[-1])
-            lo = values[i]
-            hi = values[j]
-        else:  # (NaN compares false both ways: where min() and max() leave it is kept as it was)
-            lo = min(values)
-            hi = max(values)
-            i = j = -1
-        if lo >= -1e308 and hi <= 1e308:  # finite, and ints that fit a float
-            if i < 0:
-                i = values.index(lo)
-                j = values.index(hi)
+    # (else a NaN, an infinity, or a sum that overflowed: value by value. min() and max() would
+    # pass over a NaN in the middle, which must not be counted, nor be the last value)
+    if (plain or set(map(type, values)) <= FAST_TYPES) and _all_finite(values):
+        # One sort (list.sort compares a column of floats by their doubles: ~4x faster than
+        # min() and max() together, which compare objects); the first value equal to each end
+        # is the one min() and max() return (the first of the smallest, the first of the largest).
+        ordered = sorted(values)
+        i = values.index(ordered[0])
+        j = values.index(ordered[-1])
+        lo = values[i]
+        hi = values[j]
+        if lo >= -1e308 and hi <= 1e308:  # (ints that fit a float)
             return [len(values), steps[0], float(values[0]), steps[-1], float(values[-1]),
                     steps[i], float(lo), steps[j], float(hi)], False
     return finite_summary(values, steps)

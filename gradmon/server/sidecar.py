@@ -51,7 +51,9 @@ __all__ = ["FORMAT", "ColumnsRef", "Sidecar", "read_rows", "sidecar_dir"]
 
 log = logging.getLogger("gradmon.server")
 
-FORMAT = 2  # 2: the four finest pyramid levels in lvl.* files (levelfiles.py)
+# 2: the four finest pyramid levels in lvl.* files (levelfiles.py); 3: a bucket's summary leaves a
+# NaN in its middle out of its count and ends (pyramid.column_summary), so older levels are rebuilt
+FORMAT = 3
 _HASHED = 65_536  # bytes of the log hashed at each end of the checkpointed part
 _ROW_FILES = (("offset", "q"), ("step", "q"), ("flags", "B"))
 _LITTLE = sys.byteorder == "little"
