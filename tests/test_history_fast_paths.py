@@ -12,6 +12,7 @@ import pickle
 import random
 from operator import itemgetter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_helpers import index_of
@@ -187,8 +188,7 @@ def test_series_encoded_by_orjson_are_the_stdlib_s_numbers(values):
         assert any(type(x) is int and abs(x) >= 2**63 for v in values.values() for x in v) or any(
             _sum_overflows(v) for v in values.values())
         return
-    assert json.loads(fast) == want
-    assert b"null" not in fast and b"NaN" not in fast.replace(b'"NaN"', b"")
+    assert json.loads(fast) == want  # (a NaN written as null would not be the stdlib's "NaN")
 
 
 def _sum_overflows(values: list) -> bool:
@@ -226,3 +226,23 @@ def test_a_history_answer_is_the_same_with_orjson_or_without(tmp_path, monkeypat
         assert fast == plain, span
         assert 501 in fast["series"]["loss"]["step"], span  # (the NaN point: exact, or added by its mark)
         assert fast["series"]["loss"]["value"][fast["series"]["loss"]["step"].index(501)] == "NaN", span
+
+
+def test_a_zoom_too_fine_for_the_pyramid_is_read_back_without_taking_its_points(monkeypatch):
+    # 2,000 of 40,000 steps at 2,000 points: 15 base buckets give at most 60 points a series, fewer
+    # than half the points asked for, so the range is read back; the points are not taken first.
+    from gradmon.server.pyramid import Level
+
+    recs = [{"type": "step", "step": s, "loss": 1.0 / s, "grad_norm": float(s % 13)}
+            for s in range(1, 40_001)]
+    idx = index_of(recs)
+    plan = idx.plan_history(10_000, 14_000, 2000, 1 << 60)
+    assert plan.kind == "read" and plan.ranges
+
+    def no_points(*_a, **_k):
+        raise AssertionError("the pyramid's points were taken")
+
+    monkeypatch.setattr(Level, "extend_points", no_points)
+    assert idx.plan_history(10_000, 14_000, 2000, 1 << 60).kind == "read"
+    with pytest.raises(AssertionError, match="points were taken"):  # (a coarse range takes them)
+        idx.plan_history(1, 40_000, 2000, 1 << 60)

@@ -80,6 +80,15 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
     edges = [(view.offset(nd), view.node_end(nd, cursor), start, end,
               view.buckets.partial.get(nd[1], ()) if nd[0] == 0 else ())
              for nd, p in zip(nodes, partial) if p]  # base buckets only, after refine_edges
+    # Even base buckets give too few points (up to 4 each, fewer where first/last/min/max coincide):
+    # read the range back instead, when it is short enough. The edge buckets are not counted: what
+    # they give is only known once read (a range that covers one step of a bucket gives one point).
+    short = count <= read_max
+    if short and 4 * len(inner) < points // 2:  # (too few whatever they are: a zoom's common case)
+        plan = _read_plan(view, start, end, read_max, cursor, replaced, exact=False)
+        if plan is not None:
+            return plan
+        short = False  # (tried)
     by_level: dict[int, list[int]] = {}
     for lv, i in inner:
         by_level.setdefault(lv, []).append(i)  # (in increasing order within a level)
@@ -102,11 +111,8 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
             pts.sort(key=itemgetter(0))
             steps = list(map(itemgetter(0), pts))
         series[name] = (steps, list(map(itemgetter(1), pts)))
-    # Even base buckets give too few points (up to 4 each, fewer where first/last/min/max coincide):
-    # read the range back instead, when it is short enough. The edge buckets are not counted: what
-    # they give is only known once read (a range that covers one step of a bucket gives one point).
     kept = max((len(steps) for steps, _values in series.values()), default=0)
-    if kept < points // 2 and count <= read_max:
+    if short and kept < points // 2:
         plan = _read_plan(view, start, end, read_max, cursor, replaced, exact=False)
         if plan is not None:
             return plan
