@@ -246,3 +246,35 @@ def test_a_zoom_too_fine_for_the_pyramid_is_read_back_without_taking_its_points(
     assert idx.plan_history(10_000, 14_000, 2000, 1 << 60).kind == "read"
     with pytest.raises(AssertionError, match="points were taken"):  # (a coarse range takes them)
         idx.plan_history(1, 40_000, 2000, 1 << 60)
+
+
+_point_values = st.sampled_from([0.0, -0.0, 1.0, 2.0, -1.5])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.lists(st.tuples(st.integers(0, 2), _point_values), min_size=1,
+                                                      max_size=5)), max_size=12))
+def test_a_level_s_points_by_columns_are_each_summary_s_sorted_distinct_points(nodes):
+    # Summaries built record by record (steps that go up, repeat or go back; -0.0 beside 0.0; ties),
+    # some without the field (count 0): pyramid._extend_points against each summary's distinct
+    # points sorted (of equal points the first of first, min, max, last kept: repr-equal), which
+    # are Summary.points (equal; at a repeated step it may keep a -0.0 for a 0.0).
+    from gradmon.server.pyramid import _extend_points
+
+    summaries, step = [], 0
+    for gap, recs in nodes:
+        s = Summary(0)
+        if gap == 3:  # (no value of the field here)
+            s.add(step, [])
+        for d, v in recs:
+            step += d - 1 if gap == 2 else d  # (gap 2: steps may repeat or go back)
+            if gap != 3:
+                s.add(step, [("f", v)])
+        summaries.append(s)
+    cols = [[(s.fields["f"][k] if "f" in s.fields else 0) for s in summaries] for k in range(9)]
+    got: list = []
+    _extend_points(got, cols)
+    fields = [s.fields["f"] for s in summaries if "f" in s.fields]
+    want = [p for f in fields for p in sorted({(f[1], f[2]), (f[5], f[6]), (f[7], f[8]), (f[3], f[4])})]
+    assert repr(got) == repr(want)
+    assert got == [p for s in summaries for p in s.points("f")]
