@@ -21,6 +21,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +127,41 @@ def check_white_list(library: Path, environ: dict | None = None) -> None:
     if allowed and os.path.commonpath([os.path.realpath(library), os.path.realpath(allowed)]) != \
             os.path.realpath(allowed):
         raise KernelBuildError(f"MS_CUSTOM_AOT_WHITE_LIST={allowed} does not allow {library}")
+
+
+class KernelLibrary:
+    """One kernel library of a process: built (or found in the cache), self-tested and checked
+    against MindSpore's aot white list once, on first use; then its path, or why it cannot be used
+    (warned once, with ``warning``, saying ``fallback``: what runs instead). The device target is
+    the caller's to check (this module imports no MindSpore)."""
+
+    def __init__(self, source: Path, name: str, self_test: Callable[[Path], None], fallback: str,
+                 warning: type[Warning], flags: tuple[str, ...] = CXX_FLAGS) -> None:
+        self.source, self.name, self.flags = source, name, flags
+        self._self_test, self._fallback, self._warning = self_test, fallback, warning
+        self._lock = threading.Lock()
+        self._library: Path | None = None
+        self._reason: str | None = None
+
+    def unavailable_reason(self, ms_version: str) -> str | None:
+        """Why the library cannot be used (``None``: it can); builds and checks it the first time."""
+        with self._lock:
+            if self._library is None and self._reason is None:
+                try:
+                    library = ensure_library(self.source, self.name, ms_version, flags=self.flags)
+                    self._self_test(library)
+                    check_white_list(library)
+                    self._library = library
+                except (KernelBuildError, OSError) as exc:
+                    self._reason = str(exc)
+                    # (stacklevel 3: whoever asked the module's *_unavailable_reason, as before)
+                    warnings.warn(f"gradmon: {self._fallback}: {exc}", self._warning, stacklevel=3)
+        return self._reason
+
+    @property
+    def path(self) -> Path | None:
+        """The library, once :meth:`unavailable_reason` found it usable."""
+        return self._library
 
 
 _DLLS: dict[str, object] = {}

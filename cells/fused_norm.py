@@ -42,8 +42,6 @@ at most 16); ``XDG_CACHE_HOME`` moves the build cache.
 from __future__ import annotations
 
 import os
-import threading
-import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -52,7 +50,7 @@ from mindspore import ops
 from mindspore.common import dtype as mstype
 
 from ._compat import mindspore_version
-from .fused_build import KernelBuildError, call_aot, element_type, ensure_library
+from .fused_build import KernelBuildError, KernelLibrary, call_aot, element_type
 
 ENV_SWITCH = "GRADMON_FUSED_NORM"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "fused_norm.cc"
@@ -67,10 +65,6 @@ class FusedNormUnavailableError(RuntimeError):
 
 class FusedNormFallbackWarning(RuntimeWarning):
     """The fused kernel could not be built; the flat norm is used instead."""
-
-
-_lock = threading.Lock()
-_build: dict[str, Any] = {}  # "library": Path, or "reason": str, once per process
 
 
 def disabled_by_env() -> bool:
@@ -94,23 +88,8 @@ def _self_test(library: Path) -> None:
         raise KernelBuildError(f"{library} failed its self-test (rc={rc}, {float(out)} != {expected})")
 
 
-def _load() -> None:
-    """Build (or find) and check the library once per process; records the path or the reason."""
-    with _lock:
-        if _build:
-            return
-        try:
-            library = ensure_library(SOURCE, LIBRARY_NAME, mindspore_version())
-            _self_test(library)
-            allowed = os.environ.get("MS_CUSTOM_AOT_WHITE_LIST")
-            if allowed and os.path.commonpath([os.path.realpath(library), os.path.realpath(allowed)]) != \
-                    os.path.realpath(allowed):
-                raise KernelBuildError(f"MS_CUSTOM_AOT_WHITE_LIST={allowed} does not allow {library}")
-            _build["library"] = library
-        except (KernelBuildError, OSError) as exc:
-            _build["reason"] = str(exc)
-            warnings.warn(f"gradmon: the fused global-norm kernel is not available, using the flat norm "
-                          f"instead: {exc}", FusedNormFallbackWarning, stacklevel=3)
+_LIBRARY = KernelLibrary(SOURCE, LIBRARY_NAME, _self_test, "the fused global-norm kernel is not "
+                         "available, using the flat norm instead", FusedNormFallbackWarning)
 
 
 def fused_norm_unavailable_reason() -> str | None:
@@ -120,8 +99,7 @@ def fused_norm_unavailable_reason() -> str | None:
     target = ms.get_context("device_target")
     if target != "CPU":
         return f"the fused kernel runs on CPU only (device_target is {target})"
-    _load()
-    return _build.get("reason")
+    return _LIBRARY.unavailable_reason(mindspore_version())
 
 
 def fused_norm_available() -> bool:
@@ -131,7 +109,7 @@ def fused_norm_available() -> bool:
 
 def library_path() -> Path | None:
     """The compiled library in use, or ``None`` when the kernel is not available."""
-    return None if fused_norm_unavailable_reason() else _build["library"]
+    return None if fused_norm_unavailable_reason() else _LIBRARY.path
 
 
 # ------------------------------------------------------------------------------------ primitives
@@ -149,7 +127,7 @@ class KernelOp(ops.Custom):
         reason = fused_norm_unavailable_reason()
         if reason is not None:
             raise FusedNormUnavailableError(f"the fused norm kernel is not available: {reason}")
-        super().__init__(f"{_build['library']}:{self.func}", out_shape=self._infer_shape,
+        super().__init__(f"{_LIBRARY.path}:{self.func}", out_shape=self._infer_shape,
                          out_dtype=self._infer_dtype, func_type="aot")
 
     def __deepcopy__(self, memo: dict) -> KernelOp:

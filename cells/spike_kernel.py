@@ -30,8 +30,6 @@ every gradmon kernel, this one included. Neither warns. A build failure warns on
 from __future__ import annotations
 
 import os
-import threading
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +42,9 @@ from ._compat import mindspore_version
 from .fused_build import (
     CXX_FLAGS,
     KernelBuildError,
+    KernelLibrary,
     call_aot,
-    check_white_list,
     element_type,
-    ensure_library,
 )
 from .fused_norm import ENV_SWITCH as NORM_ENV_SWITCH
 from .spike import ZSCORE_EPS, SpikeConfig, initial_state, zclip_update
@@ -88,10 +85,6 @@ def kernel_params(config: SpikeConfig) -> np.ndarray:
               "loss_window": loss_window, "loss_min": loss_min, "loss_ratio": loss_ratio,
               "loss_floor": loss_floor, "lr_ratio": lr_ratio, "lr_min": lr_min}
     return np.array([values[name] for name in PARAM_NAMES], np.float32)
-
-
-_lock = threading.Lock()
-_build: dict[str, Any] = {}  # "library": Path, or "reason": str, once per process
 
 
 def disabled_by_env() -> str | None:
@@ -159,20 +152,9 @@ def _self_test(library: Path) -> None:
                                f"values close: {close})")
 
 
-def _load() -> None:
-    """Build (or find) and check the library once per process; records the path or the reason."""
-    with _lock:
-        if _build:
-            return
-        try:
-            library = ensure_library(SOURCE, LIBRARY_NAME, mindspore_version(), flags=FLAGS)
-            _self_test(library)
-            check_white_list(library)
-            _build["library"] = library
-        except (KernelBuildError, OSError) as exc:
-            _build["reason"] = str(exc)
-            warnings.warn(f"gradmon: the fused spike-detector kernel is not available, using the stock-op "
-                          f"detector instead: {exc}", DetectorKernelFallbackWarning, stacklevel=3)
+_LIBRARY = KernelLibrary(SOURCE, LIBRARY_NAME, _self_test, "the fused spike-detector kernel is not "
+                         "available, using the stock-op detector instead", DetectorKernelFallbackWarning,
+                         FLAGS)
 
 
 def detector_kernel_unavailable_reason() -> str | None:
@@ -183,8 +165,7 @@ def detector_kernel_unavailable_reason() -> str | None:
     target = ms.get_context("device_target")
     if target != "CPU":
         return f"the fused detector kernel runs on CPU only (device_target is {target})"
-    _load()
-    return _build.get("reason")
+    return _LIBRARY.unavailable_reason(mindspore_version())
 
 
 def detector_kernel_available() -> bool:
@@ -194,7 +175,7 @@ def detector_kernel_available() -> bool:
 
 def library_path() -> Path | None:
     """The compiled library in use, or ``None`` when the kernel is not available."""
-    return None if detector_kernel_unavailable_reason() else _build["library"]
+    return None if detector_kernel_unavailable_reason() else _LIBRARY.path
 
 
 class FusedSpikeUpdate(ops.Custom):
@@ -212,7 +193,7 @@ class FusedSpikeUpdate(ops.Custom):
         return super().__new__(cls)
 
     def __init__(self) -> None:
-        super().__init__(f"{_build['library']}:GradmonSpikeUpdate", out_shape=self._infer_shape,
+        super().__init__(f"{_LIBRARY.path}:GradmonSpikeUpdate", out_shape=self._infer_shape,
                          out_dtype=self._infer_dtype, func_type="aot")
 
     def __deepcopy__(self, memo: dict) -> FusedSpikeUpdate:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -275,3 +276,31 @@ def test_without_a_compiler_warns_once_and_falls_back(tmp_path, how):
     assert "no C++ compiler found" in result["raised"] and "no C++ compiler found" in result["reason"]
     assert result["value"] == result["flat"] == pytest.approx(np.sqrt(12 * 0.25 + 4.0), rel=1e-6)
     assert not (tmp_path / "gradmon").exists() or not any((tmp_path / "gradmon").rglob("*.so"))
+
+
+def test_a_kernel_library_is_built_and_checked_once_and_says_why_not(tmp_path, monkeypatch):
+    # KernelLibrary (what the fused-norm and detector modules share): a self-test that fails is
+    # the reason, warned once; one that passes gives the path; each is decided once per process.
+    _compiler_or_skip()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    calls = []
+
+    def failing(path: Path) -> None:
+        calls.append(path)
+        raise B.KernelBuildError(f"{path.name} is wrong")
+
+    bad = B.KernelLibrary(SOURCE, "gradmon_fused_norm", failing, "the test kernel is not available",
+                          UserWarning)
+    with pytest.warns(UserWarning, match="gradmon: the test kernel is not available: .* is wrong"):
+        assert "is wrong" in bad.unavailable_reason("test")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "is wrong" in bad.unavailable_reason("test")  # (no second build, test or warning)
+    assert len(calls) == 1 and bad.path is None
+    good = B.KernelLibrary(SOURCE, "gradmon_fused_norm", calls.append, "unused", UserWarning)
+    assert good.unavailable_reason("test") is None
+    assert good.path == calls[-1] and good.path.is_file() and len(calls) == 2
+    monkeypatch.setenv("MS_CUSTOM_AOT_WHITE_LIST", str(tmp_path / "elsewhere"))
+    listed = B.KernelLibrary(SOURCE, "gradmon_fused_norm", calls.append, "not listed", UserWarning)
+    with pytest.warns(UserWarning, match="does not allow"):
+        assert "MS_CUSTOM_AOT_WHITE_LIST" in listed.unavailable_reason("test")

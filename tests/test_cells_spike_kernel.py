@@ -352,7 +352,8 @@ def test_switches_select_the_op_path(switch, monkeypatch):
 
 
 def test_a_build_failure_warns_once_and_falls_back(monkeypatch, tmp_path):
-    monkeypatch.setattr(K, "_build", {})  # as in a fresh process
+    monkeypatch.setattr(K._LIBRARY, "_library", None)  # as in a fresh process
+    monkeypatch.setattr(K._LIBRARY, "_reason", None)
     monkeypatch.setenv("GRADMON_CXX", str(tmp_path / "no-such-c++"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     with pytest.warns(K.DetectorKernelFallbackWarning, match="no C\\+\\+ compiler found"):
