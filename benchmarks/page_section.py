@@ -268,12 +268,14 @@ _INTERACTIVE = """([timeoutMs]) => new Promise((resolve, reject) => {
 
 
 # The first viewport drawn: every chart card overlapping the 1400x900 viewport drew all ``n`` runs
-# (the handle's ``drawnRuns``). Polled once per animation frame, and timed by that frame's own time
-# stamp: the first frame to begin with those charts drawn, i.e. right after the frame that painted
-# them (two more frames, as _READY waits, could include the drawing of the charts below the
-# viewport, which the page does a frame later). On a page without ``drawnRuns`` (an older build,
-# which draws every chart near the viewport in one task), the first frame to begin with _READY's
-# condition met. Returns {ms, cards}.
+# (the handle's ``drawnRuns``), polled once per animation frame: the first frame callback to find
+# those charts drawn, i.e. right after the frame that painted them (two more frames, as _READY
+# waits, could include the drawing of the charts below the viewport, which the page does a frame
+# later). On a page without ``drawnRuns`` (an older build, which draws every chart near the
+# viewport in one task), the first to find _READY's condition met. ``ms`` is ``performance.now()``
+# in that callback, ``frame_ms`` the frame's time stamp: by the time stamp alone, a page that drew
+# in a task while a frame was pending (or in a frame callback run before this one) would be
+# credited with that frame's earlier start. Returns {ms, frame_ms, cards}.
 _VIEWPORT_READY = """([n, timeoutMs]) => new Promise((resolve, reject) => {
   const t0 = performance.now();
   let before = null, atData = null;
@@ -281,17 +283,17 @@ _VIEWPORT_READY = """([n, timeoutMs]) => new Promise((resolve, reject) => {
     const r = c.getBoundingClientRect(); return r.top < innerHeight && r.bottom > 0 && r.width > 0; });
   const tick = (ts) => {
     const g = window.gradmon;
-    const now = ts === undefined ? performance.now() : ts;
+    const now = performance.now(), frame = ts === undefined ? now : ts;
     if (performance.now() - t0 > timeoutMs) return reject(new Error('viewport not drawn'));
     if (g && g.drawnRuns) {
       const cards = inView();
       if (cards.length && cards.every(c => g.drawnRuns(c.dataset.panel) >= n))
-        return resolve({ms: now, cards: cards.length});
+        return resolve({ms: now, frame_ms: frame, cards: cards.length});
     } else if (g && g.selected().length >= n && g.selected().every(r => g.pointCount(r, 'loss') > 0)) {
       const done = g.loaded
         ? g.loaded().length >= n && !g.board.dirty && !g.board.frame && g.renderCount() > 0
         : (atData = atData === null ? before : atData, g.renderCount() > atData);
-      if (done) return resolve({ms: now, cards: null});
+      if (done) return resolve({ms: now, frame_ms: frame, cards: null});
     } else if (g) before = g.renderCount();
     requestAnimationFrame(tick);
   };
@@ -352,7 +354,8 @@ def load_page(browser: Any, url: str, runs: int, timeout_ms: float = 120_000) ->
         cdp.send("HeapProfiler.collectGarbage")
         heap = cdp.send("Runtime.getHeapUsage")["usedSize"]
         parts = page.evaluate(_REQUESTS)
-        return {"viewport_ms": viewport["ms"], "viewport_cards": viewport["cards"], "ready_ms": ready,
+        return {"viewport_ms": viewport["ms"], "viewport_frame_ms": viewport["frame_ms"],
+                "viewport_cards": viewport["cards"], "ready_ms": ready,
                 "interactive_ms": interactive, "heap_mb": heap / 1e6, "history_bytes": _history_bytes(page),
                 **parts, **page.evaluate(_PARTS)}
     finally:
@@ -463,8 +466,8 @@ def run_section(device: str, smoke: bool, log: Callable[[str], None], out_dir: s
 # ---------------------------------------------------------------------------- two builds
 
 # What compare_builds gives the median of, per build and case (load_page's keys).
-_COMPARED = ("viewport_ms", "ready_ms", "interactive_ms", "dom_content_loaded_ms", "requests",
-             "script_requests", "script_kb", "heap_mb", "runs_answered_ms", "history_sent_ms",
+_COMPARED = ("viewport_ms", "viewport_frame_ms", "ready_ms", "interactive_ms", "dom_content_loaded_ms",
+             "requests", "script_requests", "script_kb", "heap_mb", "runs_answered_ms", "history_sent_ms",
              "history_answered_ms", "history_bytes")
 
 
@@ -595,9 +598,10 @@ def compare_chart_ready(trees: dict[str, str], rounds: int, out_dir: str, n: int
 
 # TensorBoard's default page (the time-series dashboard) "drawn": every scalar card overlapping the
 # viewport lists all ``n`` runs with a value in its data table (the card's data has reached it: the
-# same data its line chart draws), timed as _VIEWPORT_READY is (the first animation frame to begin
-# so). Its charts are drawn by a web worker on an OffscreenCanvas, which the page cannot observe:
-# the worker's own drawing after that moment is not counted (in TensorBoard's favour). {ms, cards}.
+# same data its line chart draws), timed as _VIEWPORT_READY is (``performance.now()`` in the first
+# frame callback to find it so; ``frame_ms``: that frame's time stamp). Its charts are drawn by a
+# web worker on an OffscreenCanvas, which the page cannot observe: the worker's own drawing after
+# that moment is not counted (in TensorBoard's favour). {ms, frame_ms, cards}.
 _TB_VIEWPORT_READY = r"""([n, timeoutMs]) => new Promise((resolve, reject) => {
   const t0 = performance.now();
   const tick = (ts) => {
@@ -607,7 +611,8 @@ _TB_VIEWPORT_READY = r"""([n, timeoutMs]) => new Promise((resolve, reject) => {
     const filled = c => Array.from(c.querySelectorAll('tb-data-table-content-row'))
       .filter(r => /\d/.test(r.innerText)).length >= n;
     if (cards.length && cards.every(filled))
-      return resolve({ms: ts === undefined ? performance.now() : ts, cards: cards.length});
+      return resolve({ms: performance.now(), frame_ms: ts === undefined ? performance.now() : ts,
+                      cards: cards.length});
     requestAnimationFrame(tick);
   };
   tick();
@@ -678,7 +683,8 @@ def load_tensorboard(browser: Any, url: str, runs: int, timeout_ms: float = 120_
         page.goto(url + "/", wait_until="commit", timeout=timeout_ms)
         drawn = page.evaluate(_TB_VIEWPORT_READY, [runs, timeout_ms])
         parts = page.evaluate(_REQUESTS)
-        return {"viewport_ms": drawn["ms"], "viewport_cards": drawn["cards"], "ready_ms": drawn["ms"],
+        return {"viewport_ms": drawn["ms"], "viewport_frame_ms": drawn["frame_ms"],
+                "viewport_cards": drawn["cards"], "ready_ms": drawn["ms"],
                 "interactive_ms": None, "heap_mb": None, **parts, **page.evaluate(_PARTS)}
     finally:
         ctx.close()

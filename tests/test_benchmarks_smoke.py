@@ -315,6 +315,8 @@ def test_page_compare_times_the_first_viewport_and_where_the_time_went(tmp_path)
     for case in ("one", "four"):
         k = f"this_{case}_"
         assert 0 < out[k + "viewport_ms"] <= out[k + "ready_ms"] <= out[k + "interactive_ms"]
+        # timed in the frame callback that found it drawn: not before that frame began
+        assert 0 < out[k + "viewport_frame_ms"] <= out[k + "viewport_ms"]
         assert out[k + "viewport_ms_each"] == [round(out[k + "viewport_ms"], 1)]  # one round
         assert out[k + "runs_answered_ms"] <= out[k + "history_answered_ms"]
         assert out[k + "script_requests"] == 3 and out[k + "script_kb"] > 0  # early.js, echarts, main.js
