@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from itertools import islice, repeat
+from itertools import repeat
 from math import isfinite
-from operator import add, sub
+from operator import add, itemgetter, sub
 
 __all__ = ["bucket_bounds", "downsample", "downsample_indices"]
 
@@ -36,9 +36,9 @@ def downsample_indices(values: Sequence[float], buckets: int, keep: Iterable[int
     if type(values) is not list:
         values = list(values)
     chosen = {i for i in keep if 0 <= i < n}
-    b = max(1, min(buckets, n))
-    los = [n * k // b for k in range(b)]  # (bucket_bounds' slices)
-    his = [*islice(los, 1, None), n]
+    bounds = bucket_bounds(n, buckets)
+    los = list(map(itemgetter(0), bounds))
+    his = list(map(itemgetter(1), bounds))
     parts = list(map(values.__getitem__, map(slice, los, his)))
     finite = list(map(isfinite, map(sum, parts)))
     if False not in finite:  # every bucket finite (a zoom's common case): C builtins, no loop per bucket
