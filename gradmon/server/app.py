@@ -311,17 +311,29 @@ def resolve_token(host: str, token: str | None) -> str | None:
 
 
 async def serve(logdir: str | os.PathLike, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                token: str | None = None, *, ready: Any | None = None, **kwargs: Any) -> None:
-    """Serve until cancelled. ``ready(server)`` is called once listening (e.g. to print the URL).
+                token: str | None = None, *, ready: Any | None = None,
+                stop_signals: tuple[int, ...] = (), **kwargs: Any) -> None:
+    """Serve until cancelled, or until one of ``stop_signals`` arrives (then return normally, the
+    server closed in order). ``ready(server)`` is called once listening (e.g. to print the URL).
     A ``host`` other than loopback gets a generated token unless ``token`` is given."""
-    server = GradmonServer(logdir, host, port, resolve_token(host, token), **kwargs)
-    await server.start()
+    loop = asyncio.get_running_loop()
+    stopped = asyncio.Event()
+    # On the loop, not a raising handler: an exception raised by a signal handler lands in whatever
+    # frame runs, and one that lands in a weakref callback or __del__ is printed and dropped.
+    for signum in stop_signals:
+        loop.add_signal_handler(signum, stopped.set)
     try:
-        if ready is not None:
-            ready(server)
-        await asyncio.Future()  # forever
+        server = GradmonServer(logdir, host, port, resolve_token(host, token), **kwargs)
+        await server.start()
+        try:
+            if ready is not None:
+                ready(server)
+            await stopped.wait()
+        finally:
+            await server.close()
     finally:
-        await server.close()
+        for signum in stop_signals:
+            loop.remove_signal_handler(signum)
 
 
 class ServerHandle:

@@ -83,17 +83,14 @@ def run_serve(args: argparse.Namespace) -> int:
     print(f"gradmon: {raise_open_files_limit().describe()}", flush=True)
     # A SIGTERM stops the server as Ctrl-C does: closed in order (each run's index checkpointed into
     # its sidecar, so the next start restores it instead of re-indexing).
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         asyncio.run(serve(args.logdir, args.host, args.port, args.token, ready=ready, alerts=alerts,
-                          index_sidecars=not args.no_index_sidecar))
+                          index_sidecars=not args.no_index_sidecar, stop_signals=(signal.SIGTERM,)))
     except KeyboardInterrupt:
         return 0
     except OSError as exc:
         print(f"gradmon serve: {listen_error(exc, args.host, args.port)}", file=sys.stderr)
         return 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
@@ -139,7 +136,3 @@ def _default_port() -> int:
     from gradmon.server.app import DEFAULT_PORT
 
     return DEFAULT_PORT
-
-
-def _interrupt(_signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt
