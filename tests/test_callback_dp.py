@@ -14,10 +14,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 SCRIPT = ROOT / "tests" / "dp_monitor_train.py"
 
 
-def run_job(tmp_path: Path, *extra: str) -> Path:
-    run_dir = tmp_path / "run"
-    run_msrun(SCRIPT, [str(run_dir / "metrics.jsonl"), *extra], tmp_path, timeout=240)
-    return run_dir
+@pytest.fixture(scope="module")
+def run_dirs(tmp_path_factory) -> dict[str, Path]:
+    """One msrun job for both cases: its workers train twice (tests/dp_monitor_train.py)."""
+    tmp = tmp_path_factory.mktemp("callback_dp")
+    dirs = {"global": tmp / "run", "per_rank": tmp / "run-per-rank"}
+    run_msrun(SCRIPT, [str(d / "metrics.jsonl") for d in dirs.values()], tmp, timeout=300)
+    return dirs
 
 
 def segment(path: Path) -> list[dict]:
@@ -38,14 +41,14 @@ def check_log(recs: list[dict], rank: int) -> None:
     assert recs[-1]["type"] == "end" and recs[-1]["status"] == "finished"
 
 
-def test_only_rank0_writes_the_global_log(tmp_path):
-    run_dir = run_job(tmp_path)
+def test_only_rank0_writes_the_global_log(run_dirs):
+    run_dir = run_dirs["global"]
     assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl"]
     check_log(segment(run_dir / "metrics.jsonl"), rank=0)
 
 
-def test_per_rank_files(tmp_path):
-    run_dir = run_job(tmp_path, "--per-rank")
+def test_per_rank_files(run_dirs):
+    run_dir = run_dirs["per_rank"]
     assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl", "metrics.rank0.jsonl",
                                                           "metrics.rank1.jsonl"]
     check_log(segment(run_dir / "metrics.jsonl"), rank=0)
