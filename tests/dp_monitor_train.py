@@ -39,5 +39,6 @@ def main() -> None:
     train(per_rank_log, True, rank, world)
     print(f"rank {rank}/{world} done", flush=True)
 
+
 if __name__ == "__main__":
     main()
