@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from server_helpers import DEADLINE_S, StreamFollower, get_json, recv_json, recv_until, wait_for
 from test_alerts import Receiver, receiver  # noqa: F401 - the fixture
 from websockets.asyncio.client import connect
@@ -162,6 +164,33 @@ def test_splice_puts_derived_events_at_their_lines() -> None:
     assert splice(lines, offsets, derived, lambda x: x.line) == [
         b"a", b"after-a", b"b", b"before-c", b"before-c2", b"c"]
     assert splice(lines, offsets, [], lambda x: x.line) is lines
+
+
+def _splice_line_by_line(items, offsets, derived, pick):
+    """The definition: each item in file order, each derived event at its anchor, in order."""
+    out, k, n = [], 0, len(derived)
+    for item, offset in zip(items, offsets):
+        while k < n and (derived[k].offset < offset or (derived[k].offset == offset and derived[k].before)):
+            out.append(pick(derived[k]))
+            k += 1
+        out.append(item)
+        while k < n and derived[k].offset == offset:
+            out.append(pick(derived[k]))
+            k += 1
+    return out + [pick(d) for d in derived[k:]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 30), max_size=12, unique=True),
+       st.lists(st.tuples(st.integers(-2, 33), st.booleans()), max_size=8), st.booleans())
+def test_splice_by_bisection_is_the_line_by_line_definition(offsets, events, in_order):
+    offsets = sorted(offsets)
+    if in_order:  # (as between() gives them; the definition's order otherwise, too)
+        events = sorted(events, key=lambda e: e[0])
+    lines = [f"L{o}".encode() for o in offsets]
+    derived = [Derived(o, before, {"i": i}, f"D{i}".encode()) for i, (o, before) in enumerate(events)]
+    assert splice(lines, offsets, derived, lambda x: x.line) == \
+        _splice_line_by_line(lines, offsets, derived, lambda x: x.line)
 
 
 # ------------------------------------------------------------------------------ a real server

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import random
 
 import pytest
@@ -141,6 +142,30 @@ def test_parse_lines_on_mixed_batches_agrees_with_the_lines_one_by_one(seed, n, 
     assert whole.columns is not None and whole.columns.records is whole.records
     for k in whole.columns.key_set():
         assert json.dumps(whole.columns.values(k)) == json.dumps([r.get(k) for r in whole.records])
+    if whole.step_columns is not None:  # (the step records' columns, taken by the fast path)
+        steps = [r for r in whole.records if r["type"] == "step"]
+        assert len(whole.step_columns.records) == len(steps)
+        assert all(map(operator.is_, whole.step_columns.records, steps))
+        for k in whole.step_columns.key_set():
+            assert json.dumps(whole.step_columns.values(k)) == json.dumps([r.get(k) for r in steps])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32), st.integers(0, 40), st.integers(0, 40), st.integers(0, 40))
+def test_a_slice_of_a_batch_s_columns_is_the_slice_s_own(seed, n, a, b):
+    recs = _records(random.Random(seed), n)
+    whole = KeyColumns(recs)
+    whole.types("loss")  # (a part reads the whole's columns, taken or not)
+    part = whole.sliced(a, b)
+    assert part.records == recs[a:b]
+    own = KeyColumns(recs[a:b])
+    assert part.key_set() == own.key_set()
+    assert part.no_bools() == own.no_bools()
+    if part.records:
+        assert part.increasing() == own.increasing()
+    for k in [*own.key_set(), "loss", "absent"]:
+        assert json.dumps(part.values(k)) == json.dumps(own.values(k))
+        assert part.types(k) == own.types(k)
 
 
 # ------------------------------------------------------------- the alarm rule's whole chunks

@@ -18,7 +18,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, islice, repeat
-from operator import itemgetter, le
+from operator import eq, itemgetter, le
 
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES
 from gradmon.server.downsample import downsample_indices
@@ -87,18 +87,18 @@ def step_rows(parsed: ParsedLines, known: Collection[str], seen: set[str] | None
         pos = None
         steps_recs = recs
         offsets = parsed.offsets
-    else:
-        cols = None  # (the step records are some of them: their own columns)
-        pos = [i for i, k in enumerate(kinds) if k == "step"]
-        steps_recs = [recs[i] for i in pos]
-        offsets = [parsed.offsets[i] for i in pos]
+    else:  # the step records are some of them: their own columns (parse_lines took them, or not)
+        is_step = list(map(eq, kinds, repeat("step")))
+        pos = list(compress(range(len(recs)), is_step))
+        cols = parsed.step_columns
+        steps_recs = cols.records if cols is not None else list(compress(recs, is_step))
+        offsets = list(compress(parsed.offsets, is_step))
     flags = bytearray(len(steps_recs))
     if parsed.check:  # only these records can hold a flag (parse.ParsedLines.check)
-        row_of = {i: r for r, i in enumerate(pos)} if pos is not None else None
         for i in parsed.check:
-            r = i if row_of is None else row_of.get(i)
-            if r is None:
-                continue
+            r = i if pos is None else bisect_left(pos, i)
+            if pos is not None and (r == len(pos) or pos[r] != i):
+                continue  # (not a step record)
             rec = recs[i]
             flags[r] = sum(1 << b for b, (flag, _k) in enumerate(MARK_FLAGS) if rec.get(flag) is True)
     columns: dict[str, tuple[int, array]] = {}

@@ -100,7 +100,9 @@ class RunIndex:
         if kinds.count("step") == len(recs):  # the common batch: step records only
             self._add_steps(recs, offsets, check, cols)
         else:  # runs of step records between the other records, in file order
+            step_cols = parsed.step_columns  # (a run's columns: slices of these, when taken)
             i = 0
+            a = 0  # how many step records the runs before this one held
             while i < len(recs):
                 if kinds[i] != "step":
                     self._add_other(recs[i], offsets[i])
@@ -109,7 +111,10 @@ class RunIndex:
                 j = i + 1
                 while j < len(recs) and kinds[j] == "step":
                     j += 1
-                self._add_steps(recs[i:j], offsets[i:j], [c - i for c in check if i <= c < j])
+                run_cols = step_cols.sliced(a, a + j - i) if step_cols is not None else None
+                self._add_steps(run_cols.records if run_cols is not None else recs[i:j], offsets[i:j],
+                                [c - i for c in check if i <= c < j], run_cols)
+                a += j - i
                 i = j
         self.last_ts = next((ts for rec in reversed(recs) if (ts := finite(rec.get(TS))) is not None),
                             self.last_ts)

@@ -58,7 +58,7 @@ class KeyColumns:
     here, the pyramid's summaries (``steps.py``), the sidecar's rows (``columns.step_rows``) and the
     alarm rule. A column is a list nobody may change."""
 
-    __slots__ = ("_increasing", "_keys", "_no_bools", "_types", "_values", "records")
+    __slots__ = ("_increasing", "_keys", "_no_bools", "_part_of", "_types", "_values", "records")
 
     def __init__(self, records: list[dict]) -> None:
         self.records = records
@@ -67,6 +67,15 @@ class KeyColumns:
         self._keys: set[str] | None = None
         self._no_bools = False  # proven: no record holds a bool (set with the keys, see _same_keys)
         self._increasing: bool | None = None
+        self._part_of: tuple[KeyColumns, int, int] | None = None  # (whole, start, stop): sliced()
+
+    def sliced(self, start: int, stop: int) -> KeyColumns:
+        """The columns of ``records[start:stop]``, each a slice of this one's (a mixed batch's
+        runs of step records, read by the pyramid and the alarm rule, share the columns of its
+        step records, taken once: a slice is a copy of pointers, a column ~20x faster to take)."""
+        part = KeyColumns(self.records[start:stop])
+        part._part_of = (self, start, stop)
+        return part
 
     def key_set(self) -> set[str]:
         """Every key of the records (a set nobody may change)."""
@@ -112,14 +121,22 @@ class KeyColumns:
     def values(self, key: str) -> list[Any]:
         got = self._values.get(key)
         if got is None:
-            got = self._values[key] = list(map(dict.get, self.records, repeat(key)))
+            if self._part_of is not None:
+                whole, start, stop = self._part_of
+                got = self._values[key] = whole.values(key)[start:stop]
+            else:
+                got = self._values[key] = list(map(dict.get, self.records, repeat(key)))
         return got
 
     def types(self, key: str) -> set[type]:
         """The types of the key's values (``NoneType`` when some record has none)."""
         got = self._types.get(key)
         if got is None:
-            got = self._types[key] = set(map(type, self.values(key)))
+            whole = self._part_of[0] if self._part_of is not None and self.records else None
+            if whole is not None and len(types := whole.types(key)) == 1:
+                got = self._types[key] = types  # (one type in the whole: the same in any part of it)
+            else:
+                got = self._types[key] = set(map(type, self.values(key)))
         return got
 
     def fast(self, key: str) -> bool:
@@ -142,6 +159,9 @@ class ParsedLines:
     malformed: int = 0
     end: int = 0  # byte offset after the last line
     columns: KeyColumns | None = None  # of ``records`` (set by parse_lines)
+    # Of the step records among ``records`` (in order), when taken already: a mixed batch's (one
+    # with other records too) that the fast path validated (``None``: not taken).
+    step_columns: KeyColumns | None = None
 
 
 def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
@@ -189,9 +209,14 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
         flagged = {i for i, (_e, ln) in enumerate(lines) if ln is not None and b"true" in ln} \
             if _has_true(blob) else set()
     if valid:
-        _assemble(lines, texts, start, decoded, slow, flagged, typeless, out)
+        slow_steps = _assemble(lines, texts, start, decoded, slow, flagged, typeless, out)
         # (the common batch: the records are the ones validated, whose columns are taken already)
-        out.columns = fast if out.records is fast.records else KeyColumns(out.records)
+        if out.records is fast.records:
+            out.columns = fast
+        else:
+            out.columns = KeyColumns(out.records)
+            if not slow_steps:  # the fast path's records are the batch's step records
+                out.step_columns = fast
         return out
     records, offsets, raw, check = out.records, out.offsets, out.raw, out.check
     offset = start
@@ -224,9 +249,10 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
 
 def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | None], start: int,
               decoded: list[Any], slow: list[int], flagged: set[int], typeless: set[int],
-              out: ParsedLines) -> ParsedLines:
-    """The result when every fast-path record is valid: ``decode_record`` decides the lines at
-    positions ``slow`` only (the common batch has none). ``texts``: the lines' bytes."""
+              out: ParsedLines) -> bool:
+    """The result when every fast-path record is valid, into ``out``: ``decode_record`` decides
+    the lines at positions ``slow`` only (the common batch has none). ``texts``: the lines' bytes.
+    Returns whether some of the records it decoded are step records."""
     raw: list[Any] = list(texts) if typeless or slow else texts
     for i in typeless:
         if decoded[i] is not None:
@@ -236,12 +262,14 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | Non
     offsets.insert(0, start)
     check = set(flagged)
     bad: list[int] = []
+    slow_steps = False
     for i in slow:
         got = _decode_slow(raw[i])
         if got is None:
             bad.append(i)
             continue
         decoded[i], raw[i] = got
+        slow_steps = slow_steps or got[0].get("type") == "step"
         check.add(i)
     if bad:
         out.malformed = len(bad)
@@ -252,7 +280,7 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | Non
         offsets = [offsets[i] for i in keep]
         check = {k for k, i in enumerate(keep) if i in check}
     out.records, out.raw, out.offsets, out.check = decoded, raw, offsets, sorted(check)
-    return out
+    return slow_steps
 
 
 def _mark_flagged(columns: KeyColumns, decoded: list[Any] | None) -> set[int]:
