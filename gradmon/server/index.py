@@ -26,7 +26,8 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import itemgetter
+from itertools import compress, repeat
+from operator import itemgetter, ne
 from typing import Any
 
 from gradmon.logformat.schema import NOT_SERIES
@@ -101,21 +102,18 @@ class RunIndex:
             self._add_steps(recs, offsets, check, cols)
         else:  # runs of step records between the other records, in file order
             step_cols = parsed.step_columns  # (a run's columns: slices of these, when taken)
+            others = list(compress(range(len(recs)), map(ne, kinds, repeat("step"))))  # (no loop per record)
             i = 0
             a = 0  # how many step records the runs before this one held
-            while i < len(recs):
-                if kinds[i] != "step":
-                    self._add_other(recs[i], offsets[i])
-                    i += 1
-                    continue
-                j = i + 1
-                while j < len(recs) and kinds[j] == "step":
-                    j += 1
-                run_cols = step_cols.sliced(a, a + j - i) if step_cols is not None else None
-                self._add_steps(run_cols.records if run_cols is not None else recs[i:j], offsets[i:j],
-                                [c - i for c in check if i <= c < j], run_cols)
-                a += j - i
-                i = j
+            for j in [*others, len(recs)]:
+                if j > i:  # the step records [i, j)
+                    run_cols = step_cols.sliced(a, a + j - i) if step_cols is not None else None
+                    self._add_steps(run_cols.records if run_cols is not None else recs[i:j], offsets[i:j],
+                                    [c - i for c in check if i <= c < j], run_cols)
+                    a += j - i
+                if j < len(recs):
+                    self._add_other(recs[j], offsets[j])
+                i = j + 1
         self.last_ts = next((ts for rec in reversed(recs) if (ts := finite(rec.get(TS))) is not None),
                             self.last_ts)
         if self.first_ts is None:
