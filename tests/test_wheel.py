@@ -178,11 +178,13 @@ def test_sdist_and_wheel_carry_the_built_page_once(dist):
     assert len(basenames) == len(set(basenames)), sorted(basenames)
     assert "gradmon/cells/train_step.py" in names and not any(n.startswith("cells/") for n in names)
     assert "gradmon/cells/csrc/fused_norm.cc" in names  # the fused kernel's source, compiled at first use
+    assert "gradmon/server/csrc/scanlines.c" in names  # the line scanner's, compiled at first use
     assert "gradmon/integrations/mindformers.py" in names  # optional: imported only by mindformers users
     with tarfile.open(sdist) as tf:
         members = [m.name.split("/", 1)[1] for m in tf.getmembers() if "/" in m.name]
     assert {f"gradmon/static/{n}" for n in page} <= set(members)
     assert "cells/csrc/fused_norm.cc" in members
+    assert "gradmon/server/csrc/scanlines.c" in members
     assert "setup.py" in members and not any(m.startswith(("dashboard/", "tests/")) for m in members)
     sizes = f"{wheel.stat().st_size / 1e3:.0f} kB; sdist {sdist.stat().st_size / 1e3:.0f} kB"
     print(f"\nwheel {wheel.name}: {sizes}")

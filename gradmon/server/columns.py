@@ -118,7 +118,12 @@ def step_rows(parsed: ParsedLines, known: Collection[str], seen: set[str] | None
             types = set(map(type, raw)) if cols is None else cols.types(name)
             if types.isdisjoint(FAST_TYPES):
                 continue  # no number in this batch (absent, flags, text): no column yet
-        values = _floats(raw, cols is not None and cols.fast(name))
+        native = cols.floats(name) if cols is not None else None
+        if native is not None:  # (taken by the compiled scanner, value by value as _floats does)
+            values = array("d")
+            values.frombytes(native)
+        else:
+            values = _floats(raw, cols is not None and cols.fast(name))
         first = 0
         if name not in known:
             bits = array("Q", values.tobytes())

@@ -24,6 +24,7 @@ from typing import Any
 # The field-type rules of ``validate_record``, checked here a column at a time.
 from gradmon.logformat.jsonl import STRICT_DECODER, RecordError, decode_record, encode_record, validate_record
 from gradmon.logformat.schema import INT_FIELDS, MARK_FLAGS, NUMBER_FIELDS
+from gradmon.server.native import scanner as _native_scanner
 from gradmon.server.values import FAST_TYPES
 
 __all__ = ["KeyColumns", "ParsedLines", "parse_lines"]
@@ -49,6 +50,10 @@ _TYPE_OK = {
 }
 _TYPE_OK["step"] = frozenset({int})  # the fast path only takes step records, which need a step
 _NONE = type(None)
+# The compiled scanner's type bits (csrc/scanlines.c) -> the set of types they stand for.
+_TYPE_BITS = ((1, int), (2, float), (4, str), (8, bool), (16, _NONE))
+_BOOL_BIT = 8
+_MASK_TYPES = [frozenset(t for bit, t in _TYPE_BITS if mask & bit) for mask in range(32)]
 _MARK_FLAG_KEYS = tuple(flag for flag, _kind in MARK_FLAGS)
 
 
@@ -58,7 +63,7 @@ class KeyColumns:
     here, the pyramid's summaries (``steps.py``), the sidecar's rows (``columns.step_rows``) and the
     alarm rule. A column is a list nobody may change."""
 
-    __slots__ = ("_increasing", "_keys", "_no_bools", "_part_of", "_types", "_values", "records")
+    __slots__ = ("_floats", "_increasing", "_keys", "_no_bools", "_part_of", "_types", "_values", "records")
 
     def __init__(self, records: list[dict]) -> None:
         self.records = records
@@ -68,6 +73,7 @@ class KeyColumns:
         self._no_bools = False  # proven: no record holds a bool (set with the keys, see _same_keys)
         self._increasing: bool | None = None
         self._part_of: tuple[KeyColumns, int, int] | None = None  # (whole, start, stop): sliced()
+        self._floats: dict[str, bytes] | None = None  # prefill()
 
     def sliced(self, start: int, stop: int) -> KeyColumns:
         """The columns of ``records[start:stop]``, each a slice of this one's (a mixed batch's
@@ -76,6 +82,21 @@ class KeyColumns:
         part = KeyColumns(self.records[start:stop])
         part._part_of = (self, start, stop)
         return part
+
+    def prefill(self, columns: dict[str, list[Any]], types: dict[str, int], floats: dict[str, bytes]) -> None:
+        """Take the columns and types of every key of the records as the compiled scanner found
+        them (``native.py``: ``types`` as bit masks), and their float64 columns (:meth:`floats`)."""
+        self._floats = floats
+        self._values.update(columns)
+        self._types.update((key, _MASK_TYPES[mask]) for key, mask in types.items())
+        self._keys = set(columns)
+        self._no_bools = not any(mask & _BOOL_BIT for mask in types.values())
+
+    def floats(self, key: str) -> bytes | None:
+        """The key's column as native float64s, ``columns.MISSING_BITS`` where a record has no
+        number there (``values.number``: a bool, text, null or no value), when the compiled scanner
+        took it (else ``None``)."""
+        return self._floats.get(key) if self._floats is not None else None
 
     def key_set(self) -> set[str]:
         """Every key of the records (a set nobody may change)."""
@@ -165,38 +186,50 @@ class ParsedLines:
 
 
 def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
-                use_orjson: bool = True) -> ParsedLines:
+                use_orjson: bool = True, use_native: bool = True) -> ParsedLines:
     """Decode ``lines`` (``(end_offset, line)`` pairs as ``tail.LineSplitter.feed`` returns them;
     ``None``: an oversize line) whose first line starts at byte ``start``. ``use_orjson=False``
-    forces the standard-library scanner (the result is the same)."""
+    forces the standard-library scanner, ``use_native=False`` orjson without the compiled scanner
+    (``native.py``; the result is the same)."""
     out = ParsedLines(end=start)
     if not lines:
         return out
     out.end = lines[-1][0]
     texts = list(map(itemgetter(1), lines))
-    blob = b"\n".join(texts if None not in texts else [b"" if ln is None else ln for ln in texts])
     by_orjson = _orjson_loads is not None and use_orjson
-    if by_orjson:
-        # orjson allows blanks around a value (a line whose raw form must be stripped first):
-        # look for them line by line only when the batch has any.
-        blanks = b" " in blob or b"\t" in blob or b"\r" in blob  # (compact JSON has no blanks)
-        decoded, typeless, kinds = _candidates_orjson(lines, texts, blanks)
+    scan = _native_scanner() if by_orjson and use_native else None
+    blob = None
+    if scan is not None:  # (the scanner leaves every line it cannot read as orjson does undecided)
+        decoded, typeless, kinds, slow, fast, scanned = _candidates_native(scan, texts)
+        fast = KeyColumns(fast)
+        if scanned is not None:
+            fast.prefill(*scanned)
+        elif kinds is not None:
+            fast._values["type"] = kinds
     else:
-        decoded, typeless = _candidates_stdlib(lines, blob)
-        kinds = None
-    # Lines that may hold the strings "NaN"/"Infinity"/"-Infinity" (an escape can spell them too)
-    # go to decode_record, which turns them into floats.
-    # (a rare byte first: one memchr rules out the common batch before a substring search, ~25 us each)
-    if (b"N" in blob and b'NaN"' in blob) or (b"I" in blob and b'Infinity"' in blob) or b"\\" in blob:
-        for i, (_end, line) in enumerate(lines):
-            if decoded[i] is not None and (b'NaN"' in line or b'Infinity"' in line or b"\\" in line):  # type: ignore[operator]
-                decoded[i] = None
-                kinds = None
-    # (kinds: every line a candidate, none dropped: no None to look for, which compares each record)
-    slow = [i for i, r in enumerate(decoded) if r is None] if kinds is None and decoded.count(None) else []
-    fast = KeyColumns([r for r in decoded if r is not None] if slow else decoded)
-    if kinds is not None:  # (the candidates' "type" column, taken already)
-        fast._values["type"] = kinds
+        blob = b"\n".join(texts if None not in texts else [b"" if ln is None else ln for ln in texts])
+        if by_orjson:
+            # orjson allows blanks around a value (a line whose raw form must be stripped first):
+            # look for them line by line only when the batch has any.
+            blanks = b" " in blob or b"\t" in blob or b"\r" in blob  # (compact JSON has no blanks)
+            decoded, typeless, kinds = _candidates_orjson(lines, texts, blanks)
+        else:
+            decoded, typeless = _candidates_stdlib(lines, blob)
+            kinds = None
+        # Lines that may hold the strings "NaN"/"Infinity"/"-Infinity" (an escape can spell them
+        # too) go to decode_record, which turns them into floats. (a rare byte first: one memchr
+        # rules out the common batch before a substring search, ~25 us each)
+        if (b"N" in blob and b'NaN"' in blob) or (b"I" in blob and b'Infinity"' in blob) or b"\\" in blob:
+            for i, (_end, line) in enumerate(lines):
+                if decoded[i] is not None and _to_decode_record(line):  # type: ignore[arg-type]
+                    decoded[i] = None
+                    kinds = None
+        # (kinds: every line a candidate, none dropped: no None to look for, which compares each record)
+        slow = [i for i, r in enumerate(decoded) if r is None] \
+            if kinds is None and decoded.count(None) else []
+        fast = KeyColumns([r for r in decoded if r is not None] if slow else decoded)
+        if kinds is not None:  # (the candidates' "type" column, taken already)
+            fast._values["type"] = kinds
     valid = _all_valid(fast)
     # The fast path's records that may carry marks (those decode_record reads are checked anyway).
     # orjson's hold finite numbers only (it refuses 1e999 and NaN): only a mark flag set can give
@@ -204,7 +237,7 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
     # so, taken anyway). The stdlib scanner reads 1e999 as inf: its lines with a "true" (a flag or
     # not, a text search) are all checked.
     if by_orjson:
-        flagged = set() if fast.no_bools() else _mark_flagged(fast, decoded if slow else None)
+        flagged = set() if fast.no_bools() else _mark_flagged(fast, slow)
     else:
         flagged = {i for i, (_e, ln) in enumerate(lines) if ln is not None and b"true" in ln} \
             if _has_true(blob) else set()
@@ -283,18 +316,30 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | Non
     return slow_steps
 
 
-def _mark_flagged(columns: KeyColumns, decoded: list[Any] | None) -> set[int]:
+def _mark_flagged(columns: KeyColumns, holes: list[int]) -> set[int]:
     """The positions of the records (of ``columns``) with a mark flag set (``true``), as positions
-    among ``decoded`` (whose records that are not ``None`` they are) when given."""
+    in the batch, whose lines at ``holes`` (ascending) hold none of these records."""
     keys = columns.key_set()
-    out: set[int] = set()
+    found: set[int] = set()
     for flag in _MARK_FLAG_KEYS:
         if flag in keys and bool in columns.types(flag):
-            out.update(compress(count(), map(is_, columns.values(flag), repeat(True))))
-    if out and decoded is not None:
-        at = [i for i, r in enumerate(decoded) if r is not None]
-        out = {at[k] for k in out}
+            found.update(compress(count(), map(is_, columns.values(flag), repeat(True))))
+    if not found or not holes:
+        return found
+    out, j, n = set(), 0, len(holes)
+    for k in sorted(found):  # the k-th record's line: k + how many holes come before it
+        i = k + j
+        while j < n and holes[j] <= i:
+            j += 1
+            i += 1
+        out.add(i)
     return out
+
+
+def _to_decode_record(line: bytes) -> bool:
+    """Whether a line may hold the strings ``decode_record`` turns into floats, or escapes
+    (which can spell them): such lines are decoded by it, never on the fast path."""
+    return b'NaN"' in line or b'Infinity"' in line or b"\\" in line
 
 
 def _typed(line: bytes) -> bytes:
@@ -402,6 +447,40 @@ def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], texts: list[by
         ok = not blanks or (line[:1] == b"{" and line[-1:] == b"}")  # type: ignore[index]
         append(_step_record(obj, i, typeless) if ok else None)
     return decoded, typeless, None
+
+
+def _candidates_native(scan: Any, texts: list[bytes | None]) -> tuple[
+        list[Any], set[int], list[Any] | None, list[int], list[dict], tuple[dict, dict, dict] | None]:
+    """As :func:`_candidates_orjson`, by the compiled scanner (``native.py``), and besides: the
+    positions of the lines without a candidate (ascending), the candidates (the lines' records
+    without the ``None``), and the candidates' columns, types and float64 columns that the scanner
+    took on the way (``None``: a line it left undecided is a candidate too). The lines it leaves
+    undecided (nested values, escapes, non-ASCII, no ``type``...) are parsed here by orjson, as
+    there."""
+    decoded, undecided, columns, types, floats, steps, holes = scan.scan_steps(texts)
+    typeless: set[int] = set()
+    scanned: tuple[dict, dict, dict] | None = (columns, types, floats) if steps else None
+    loads = _orjson_loads
+    more = False
+    for i in undecided:
+        line = texts[i]
+        if line is None or _to_decode_record(line):
+            continue
+        try:
+            obj = loads(line)  # type: ignore[misc]
+        except (ValueError, TypeError):
+            continue
+        # (a dict with blanks around it: its raw form must be stripped first, decode_record's)
+        if line[:1] == b"{" and line[-1:] == b"}" and (rec := _step_record(obj, i, typeless)) is not None:
+            decoded[i] = rec
+            more = True
+    if more:  # (some undecided line is a candidate: the scanner's columns are not the candidates')
+        scanned = None
+        holes = [i for i, r in enumerate(decoded) if r is None]
+        steps = [r for r in decoded if r is not None]
+    if not holes:
+        return decoded, typeless, ["step"] * len(decoded) if not typeless else None, holes, decoded, scanned
+    return decoded, typeless, None, holes, steps, scanned
 
 
 def _all_valid(columns: KeyColumns) -> bool:

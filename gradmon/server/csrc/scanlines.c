@@ -1,0 +1,505 @@
+/* gradmon's compiled line scanner: a batch of run-log lines -> the step records and their columns.
+ *
+ * Built at first use into the per-user cache by gradmon/server/native.py (never required: without
+ * a C compiler the index runs the same rules in Python, parse.py, which is the reference).
+ *
+ * scan_steps(texts) takes a list of lines (bytes, or None for an oversize line) and returns
+ * (records, undecided, columns, types, floats, steps, not_steps):
+ *   records    one item per line: the dict of a line that is a flat step record, else None;
+ *   undecided  the positions of the lines this scanner does not decide (the caller's orjson and
+ *              decode_record do, as without it);
+ *   columns    {key: list} over the step records in order, None where a record lacks the key
+ *              (parse.KeyColumns.values);
+ *   types      {key: bit mask of int 1, float 2, str 4, bool 8, None 16} (KeyColumns.types);
+ *   floats     {key: bytes}: the column as native float64s, MISSING_BITS where no number (a bool,
+ *              text, null or no value: columns.step_rows' reading of values.number);
+ *   steps      the step records (records without the Nones);
+ *   not_steps  the positions of the lines without one (records' Nones).
+ * A line is decided when it is one compact or spaced JSON object filling the whole line whose keys
+ * are distinct and whose values are strings, numbers, true, false or null, with a string "type":
+ * a step record when that is "step", else a record of another kind (None, decided: the caller's
+ * decode_record reads those). Strings must be printable ASCII without escapes and not end with
+ * "NaN" or "Infinity" (the values decode_record turns into floats); integers up to 18 digits;
+ * numbers are read by CPython's own float parser; anything else (nested values, escapes, UTF-8,
+ * huge or infinite numbers, a missing "type", a repeated key) is left undecided, so that what this
+ * scanner decides is exactly what orjson and the standard library read.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <string.h>
+
+enum { T_INT = 1, T_FLOAT = 2, T_STR = 4, T_BOOL = 8, T_NONE = 16 };
+/* columns.MISSING_BITS: a quiet NaN no JSON value decodes to, "no number" in the sidecar's rows. */
+#define MISSING_BITS 0x7FF80000DEADBEEFULL
+#define MAX_KEYS 512        /* distinct keys per batch: beyond, lines with new keys are undecided */
+#define MAX_FIELDS 256      /* keys per line: beyond, the line is undecided */
+#define MAX_NUMBER 64       /* characters of a number token */
+
+typedef struct {
+    const char *name;       /* the key's bytes, inside a line of the batch (alive for the call) */
+    Py_ssize_t len;
+    PyObject *key;          /* str */
+    PyObject *column;       /* list of the step records' values, NULL until a step record has it */
+    Py_ssize_t filled;      /* rows of column written */
+    Py_ssize_t seen;        /* the line that last had this key (a repeated key: undecided) */
+    int mask;
+    double *floats;         /* the column as float64s (MISSING where no number), as column */
+} Entry;
+
+typedef struct {
+    Entry entries[MAX_KEYS];
+    Py_ssize_t n;
+} Table;
+
+static PyObject *STEP;      /* "step" */
+
+static double missing(void) {
+    unsigned long long bits = MISSING_BITS;
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+
+#define IS_WS(c) ((c) == ' ' || (c) == '\t' || (c) == '\r')
+
+/* A string's span (after the opening quote) up to its closing quote; -1 when not plain. */
+static Py_ssize_t plain_string(const unsigned char *p, const unsigned char *end) {
+    const unsigned char *s = p;
+    while (p < end) {
+        unsigned char c = *p;
+        if (c == '"') {
+            Py_ssize_t n = p - s;
+            if ((n >= 3 && memcmp(p - 3, "NaN", 3) == 0) || (n >= 8 && memcmp(p - 8, "Infinity", 8) == 0))
+                return -1;
+            return n;
+        }
+        if (c < 0x20 || c >= 0x7f || c == '\\')
+            return -1;
+        p++;
+    }
+    return -1;
+}
+
+static Entry *find_key(Table *t, const char *name, Py_ssize_t len, Py_ssize_t hint) {
+    if (hint >= 0 && hint < t->n && t->entries[hint].len == len && memcmp(t->entries[hint].name, name, len) == 0)
+        return &t->entries[hint];
+    for (Py_ssize_t k = 0; k < t->n; k++) {
+        Entry *e = &t->entries[k];
+        if (e->len == len && memcmp(e->name, name, len) == 0)
+            return e;
+    }
+    if (t->n >= MAX_KEYS)
+        return NULL;
+    PyObject *key = PyUnicode_FromStringAndSize(name, len);
+    if (key == NULL)
+        return NULL;
+    PyUnicode_InternInPlace(&key);
+    Entry *e = &t->entries[t->n++];
+    e->name = name;
+    e->len = len;
+    e->key = key;
+    e->column = NULL;
+    e->filled = 0;
+    e->seen = -1;
+    e->mask = 0;
+    e->floats = NULL;
+    return e;
+}
+
+/* A number token at p (JSON grammar); *value a new int or float, NULL when not decided here. */
+static const unsigned char *number(const unsigned char *p, const unsigned char *end, PyObject **value, int *kind,
+                                   double *as_float) {
+    const unsigned char *s = p;
+    int is_float = 0;
+    *value = NULL;
+    if (p < end && *p == '-')
+        p++;
+    if (p >= end)
+        return NULL;
+    if (*p == '0') {
+        p++;
+    } else if (*p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+    } else {
+        return NULL;
+    }
+    const unsigned char *int_end = p;
+    if (p < end && *p == '.') {
+        p++;
+        if (p >= end || *p < '0' || *p > '9')
+            return NULL;
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+        is_float = 1;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-'))
+            p++;
+        if (p >= end || *p < '0' || *p > '9')
+            return NULL;
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+        is_float = 1;
+    }
+    Py_ssize_t n = p - s;
+    if (n > MAX_NUMBER)
+        return NULL;
+    if (!is_float) {
+        Py_ssize_t digits = int_end - s - (*s == '-');
+        if (digits > 18)
+            return NULL;  /* (a big integer: orjson and the standard library differ) */
+        long long v = 0;
+        for (const unsigned char *q = s + (*s == '-'); q < int_end; q++)
+            v = v * 10 + (*q - '0');
+        *value = PyLong_FromLongLong(*s == '-' ? -v : v);
+        *as_float = (double)(*s == '-' ? -v : v);  /* (correctly rounded, as float(int)) */
+        *kind = T_INT;
+        return *value == NULL ? NULL : p;
+    }
+    /* Clinger's fast path: up to 15 significant digits (exact in a double) and a power of ten
+     * up to 1e22 (exact): one rounded multiplication or division, correctly rounded as CPython's
+     * parser is. Else CPython's parser itself. */
+    {
+        const unsigned char *q = s + (*s == '-');
+        unsigned long long m = 0;
+        int digits = 0, scale = 0, lead = 1;
+        for (; q < p && *q != 'e' && *q != 'E'; q++) {
+            if (*q == '.') {
+                scale = 1;
+                continue;
+            }
+            if (lead && *q == '0') {
+                if (scale)
+                    scale++;
+                continue;
+            }
+            lead = 0;
+            m = m * 10 + (unsigned long long)(*q - '0');
+            digits++;
+            if (scale)
+                scale++;
+            if (digits > 15)
+                break;
+        }
+        if (digits <= 15) {
+            int e = scale ? -(scale - 1) : 0;
+            if (q < p) {  /* an exponent */
+                const unsigned char *x = q + 1;
+                int neg = 0, ev = 0;
+                if (*x == '+' || *x == '-')
+                    neg = *x++ == '-';
+                for (; x < p && ev < 1000; x++)
+                    ev = ev * 10 + (*x - '0');
+                e += neg ? -ev : ev;
+            }
+            static const double pow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                                           1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+            if (e >= -22 && e <= 22) {
+                double d = (double)m;
+                d = e < 0 ? d / pow10[-e] : d * pow10[e];
+                *as_float = *s == '-' ? -d : d;
+                *value = PyFloat_FromDouble(*as_float);
+                *kind = T_FLOAT;
+                return *value == NULL ? NULL : p;
+            }
+        }
+    }
+    char buf[MAX_NUMBER + 1];
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    char *stop = NULL;
+    double d = PyOS_string_to_double(buf, &stop, NULL);
+    if (d == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (stop != buf + n || !isfinite(d))
+        return NULL;  /* (1e999: orjson refuses it, the standard library reads inf) */
+    *as_float = d;
+    *value = PyFloat_FromDouble(d);
+    *kind = T_FLOAT;
+    return *value == NULL ? NULL : p;
+}
+
+/* Scan one line: 1 decided (fields in ents/vals, *nf of them, *is_step set), 0 undecided, -1 error. */
+static int scan_line(Table *t, const unsigned char *p, const unsigned char *end, Py_ssize_t line,
+                     Entry **ents, PyObject **vals, int *kinds, double *nums, int *nf, int *is_step,
+                     Entry **order, int norder) {
+    int has_type = 0;
+    *nf = 0;
+    *is_step = 0;
+    if (p >= end || *p != '{' || end[-1] != '}')
+        return 0;
+    p++;
+    while (p < end && IS_WS(*p))
+        p++;
+    if (p < end && *p == '}')
+        return 0;  /* {} has no type */
+    for (;;) {
+        if (p >= end || *p != '"' || *nf >= MAX_FIELDS)
+            return 0;
+        p++;
+        Py_ssize_t klen = plain_string(p, end);
+        if (klen < 0)
+            return 0;
+        Py_ssize_t hint = *nf < norder && order[*nf] != NULL ? order[*nf] - t->entries : -1;
+        Entry *e = find_key(t, (const char *)p, klen, hint);
+        if (e == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        if (e->seen == line)
+            return 0;  /* a repeated key */
+        e->seen = line;
+        p += klen + 1;
+        while (p < end && IS_WS(*p))
+            p++;
+        if (p >= end || *p != ':')
+            return 0;
+        p++;
+        while (p < end && IS_WS(*p))
+            p++;
+        if (p >= end)
+            return 0;
+        PyObject *v = NULL;
+        int kind = 0;
+        double num = missing();
+        unsigned char c = *p;
+        if (c == '"') {
+            p++;
+            Py_ssize_t slen = plain_string(p, end);
+            if (slen < 0)
+                return 0;
+            if (slen == 4 && memcmp(p, "step", 4) == 0) {
+                v = STEP;
+                Py_INCREF(v);
+            } else {
+                v = PyUnicode_FromStringAndSize((const char *)p, slen);
+                if (v == NULL)
+                    return -1;
+            }
+            kind = T_STR;
+            if (e->len == 4 && memcmp(e->name, "type", 4) == 0) {
+                has_type = 1;
+                *is_step = v == STEP;
+            }
+            p += slen + 1;
+        } else if (c == 't' && end - p >= 4 && memcmp(p, "true", 4) == 0) {
+            v = Py_True; Py_INCREF(v); kind = T_BOOL; p += 4;
+        } else if (c == 'f' && end - p >= 5 && memcmp(p, "false", 5) == 0) {
+            v = Py_False; Py_INCREF(v); kind = T_BOOL; p += 5;
+        } else if (c == 'n' && end - p >= 4 && memcmp(p, "null", 4) == 0) {
+            v = Py_None; Py_INCREF(v); kind = T_NONE; p += 4;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            p = number(p, end, &v, &kind, &num);
+            if (p == NULL)
+                return PyErr_Occurred() ? -1 : 0;
+        } else {
+            return 0;  /* nested, or not JSON */
+        }
+        if (e->len == 4 && memcmp(e->name, "type", 4) == 0 && kind != T_STR)
+            has_type = 1;  /* a type that is no string: another kind of record */
+        ents[*nf] = e;
+        vals[*nf] = v;
+        kinds[*nf] = kind;
+        nums[*nf] = num;
+        (*nf)++;
+        while (p < end && IS_WS(*p))
+            p++;
+        if (p >= end)
+            return 0;
+        if (*p == ',') {
+            p++;
+            while (p < end && IS_WS(*p))
+                p++;
+            continue;
+        }
+        if (*p == '}' && p + 1 == end)
+            return has_type ? 1 : 0;
+        return 0;
+    }
+}
+
+static int backfill(Entry *e, Py_ssize_t rows) {
+    while (e->filled < rows) {
+        if (PyList_Append(e->column, Py_None) < 0)
+            return -1;
+        e->floats[e->filled] = missing();
+        e->filled++;
+        e->mask |= T_NONE;
+    }
+    return 0;
+}
+
+static void release(PyObject **vals, int nf) {
+    for (int k = 0; k < nf; k++)
+        Py_DECREF(vals[k]);
+}
+
+static void clear_table(Table *t) {
+    for (Py_ssize_t k = 0; k < t->n; k++) {
+        Py_XDECREF(t->entries[k].key);
+        Py_XDECREF(t->entries[k].column);
+        PyMem_Free(t->entries[k].floats);
+    }
+    t->n = 0;
+}
+
+static PyObject *scan_steps(PyObject *self, PyObject *texts) {
+    (void)self;
+    if (!PyList_Check(texts)) {
+        PyErr_SetString(PyExc_TypeError, "scan_steps expects a list of bytes");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(texts);
+    Table *t = PyMem_Calloc(1, sizeof(Table));
+    Entry **ents = PyMem_Malloc(sizeof(Entry *) * MAX_FIELDS);
+    Entry **order = PyMem_Calloc(MAX_FIELDS, sizeof(Entry *));
+    PyObject **vals = PyMem_Malloc(sizeof(PyObject *) * MAX_FIELDS);
+    int *kinds = PyMem_Malloc(sizeof(int) * MAX_FIELDS);
+    double *nums = PyMem_Malloc(sizeof(double) * MAX_FIELDS);
+    PyObject *records = PyList_New(n);
+    PyObject *undecided = PyList_New(0);
+    PyObject *steps = PyList_New(0);
+    PyObject *not_steps = PyList_New(0);
+    PyObject *columns = NULL, *types = NULL, *floats = NULL, *result = NULL;
+    int norder = 0;
+    Py_ssize_t rows = 0;
+    PyObject *prev = NULL;  /* the last step record (borrowed from records) */
+    if (t == NULL || ents == NULL || order == NULL || vals == NULL || kinds == NULL || nums == NULL || records == NULL ||
+        undecided == NULL || steps == NULL || not_steps == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(texts, i);
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(records, i, Py_None);
+        int nf = 0, is_step = 0, got = 0;
+        if (PyBytes_Check(item)) {
+            const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(item);
+            got = scan_line(t, p, p + PyBytes_GET_SIZE(item), i, ents, vals, kinds, nums, &nf, &is_step, order, norder);
+        }
+        if (got < 0) {
+            release(vals, nf);
+            goto done;
+        }
+        if (got == 0 || !is_step) {  /* undecided, or another kind of record: decode_record's */
+            release(vals, nf);
+            PyObject *pos = PyLong_FromSsize_t(i);
+            if (pos == NULL || PyList_Append(not_steps, pos) < 0 || (got == 0 && PyList_Append(undecided, pos) < 0)) {
+                Py_XDECREF(pos);
+                goto done;
+            }
+            Py_DECREF(pos);
+            continue;
+        }
+        /* The same keys in the same order as the step record before: a copy of that one's dict
+         * (its key table cloned, no resizing on the way), its values replaced. */
+        int same = prev != NULL && nf == norder;
+        for (int k = 0; same && k < nf; k++)
+            same = ents[k] == order[k];
+        PyObject *rec = same ? PyDict_Copy(prev) : PyDict_New();
+        if (rec == NULL) {
+            release(vals, nf);
+            goto done;
+        }
+        for (int k = 0; k < nf; k++) {
+            Entry *e = ents[k];
+            if (PyDict_SetItem(rec, e->key, vals[k]) < 0)
+                goto fail_line;
+            if (e->column == NULL) {  /* (at most one value per line: n float64s hold the column) */
+                if ((e->column = PyList_New(0)) == NULL)
+                    goto fail_line;
+                if ((e->floats = PyMem_Malloc(sizeof(double) * (size_t)(n > 0 ? n : 1))) == NULL) {
+                    PyErr_NoMemory();
+                    goto fail_line;
+                }
+            }
+            if (backfill(e, rows) < 0 || PyList_Append(e->column, vals[k]) < 0)
+                goto fail_line;
+            e->floats[rows] = nums[k];
+            e->filled = rows + 1;
+            e->mask |= kinds[k];
+            order[k] = e;
+        }
+        norder = nf;
+        release(vals, nf);
+        if (PyList_Append(steps, rec) < 0) {
+            Py_DECREF(rec);
+            goto done;
+        }
+        PyList_SET_ITEM(records, i, rec);  /* (steals rec; the None there was borrowed from the list) */
+        prev = rec;
+        Py_DECREF(Py_None);
+        rows++;
+        continue;
+    fail_line:
+        Py_DECREF(rec);
+        release(vals, nf);
+        goto done;
+    }
+    columns = PyDict_New();
+    types = PyDict_New();
+    floats = PyDict_New();
+    if (columns == NULL || types == NULL || floats == NULL)
+        goto done;
+    for (Py_ssize_t k = 0; k < t->n; k++) {
+        Entry *e = &t->entries[k];
+        if (e->column == NULL)
+            continue;
+        if (backfill(e, rows) < 0 || PyDict_SetItem(columns, e->key, e->column) < 0)
+            goto done;
+        PyObject *mask = PyLong_FromLong(e->mask);
+        if (mask == NULL || PyDict_SetItem(types, e->key, mask) < 0) {
+            Py_XDECREF(mask);
+            goto done;
+        }
+        Py_DECREF(mask);
+        PyObject *raw = PyBytes_FromStringAndSize((const char *)e->floats, (Py_ssize_t)(rows * sizeof(double)));
+        if (raw == NULL || PyDict_SetItem(floats, e->key, raw) < 0) {
+            Py_XDECREF(raw);
+            goto done;
+        }
+        Py_DECREF(raw);
+    }
+    result = Py_BuildValue("(OOOOOOO)", records, undecided, columns, types, floats, steps, not_steps);
+done:
+    if (t != NULL) {
+        clear_table(t);
+        PyMem_Free(t);
+    }
+    PyMem_Free(ents);
+    PyMem_Free(order);
+    PyMem_Free(vals);
+    PyMem_Free(kinds);
+    PyMem_Free(nums);
+    Py_XDECREF(records);
+    Py_XDECREF(undecided);
+    Py_XDECREF(steps);
+    Py_XDECREF(not_steps);
+    Py_XDECREF(columns);
+    Py_XDECREF(types);
+    Py_XDECREF(floats);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_steps", scan_steps, METH_O, "scan_steps(texts) -> (records, undecided, columns, types, floats, steps, not_steps)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scanlines", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__scanlines(void) {
+    STEP = PyUnicode_InternFromString("step");
+    if (STEP == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddObject(m, "MISSING_BITS", PyLong_FromUnsignedLongLong(MISSING_BITS)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

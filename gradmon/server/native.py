@@ -1,0 +1,180 @@
+"""The compiled line scanner (``csrc/scanlines.c``), built at first use into the per-user cache.
+
+Indexing a big run log is dominated by making a dict per line and then taking each key's values
+out of those dicts again; the scanner does both in one pass in C, for the lines it can decide
+(flat records of printable ASCII: what gradmon's writer produces). It is never required: without
+a C compiler or Python's headers, or when ``GRADMON_NATIVE=0``, or when its self-test fails,
+``parse.py`` runs the same rules in Python (its reference, which the tests compare it with).
+
+The module is compiled with the system C compiler into
+``$XDG_CACHE_HOME/gradmon/native/<key>/`` (default ``~/.cache``), where ``<key>`` hashes the
+source, the flags, the compiler's identity and the Python ABI: nothing is written into
+site-packages, and two processes compiling at once each write a temporary file and rename it into
+place. Environment: ``GRADMON_CC`` (else ``CC``, else ``cc``, ``gcc``, ``clang`` on ``PATH``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import platform
+import shutil
+import struct
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = ["ENV_DISABLE", "scanner", "unavailable_reason"]
+
+log = logging.getLogger("gradmon.server")
+
+ENV_DISABLE = "GRADMON_NATIVE"  # "0": never build or use the scanner
+ENV_CC = "GRADMON_CC"
+SOURCE = Path(__file__).with_name("csrc") / "scanlines.c"
+MODULE = "_scanlines"
+CC_FLAGS = ("-O2", "-shared", "-fPIC", "-fno-strict-aliasing")
+COMPILE_TIMEOUT_S = 120
+BUILD_FORMAT = "1"  # bumped when this module changes how it builds (part of the cache key)
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}  # "module" or "reason", once decided
+
+
+class NativeBuildError(RuntimeError):
+    """The scanner cannot be built or loaded here; the message says why."""
+
+
+def _compiler(environ: dict) -> str:
+    named = environ.get(ENV_CC) or environ.get("CC")
+    for name in [named] if named else ["cc", "gcc", "clang"]:
+        found = shutil.which(name.split()[0], path=environ.get("PATH"))
+        if found:
+            return found
+    raise NativeBuildError(f"no C compiler found ({ENV_CC}/CC={named!r})" if named else
+                           "no C compiler found (cc, gcc or clang on PATH)")
+
+
+def _identity(cc: str) -> str:
+    """The compiler's real path, size and modification time: part of the cache key (a changed
+    compiler gets a fresh build; no process started on every server start to ask its version)."""
+    real = os.path.realpath(cc)
+    try:
+        st = os.stat(real)
+    except OSError as exc:
+        raise NativeBuildError(f"the C compiler {cc} cannot be read: {exc}") from exc
+    return f"{real} {st.st_size} {st.st_mtime_ns}"
+
+
+def _cache_root(environ: dict) -> Path:
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gradmon" / "native"
+
+
+def build(environ: dict | None = None) -> Path:
+    """The compiled module's path in the cache, compiling it first when it is not there."""
+    env = dict(os.environ if environ is None else environ)
+    include = sysconfig.get_paths().get("include") or ""
+    if not os.path.isfile(os.path.join(include, "Python.h")):
+        raise NativeBuildError(f"Python's C headers are not installed (no Python.h in {include!r})")
+    cc = _compiler(env)
+    source = SOURCE.read_bytes()
+    flags = (*CC_FLAGS, f"-I{include}")
+    h = hashlib.sha256()
+    for part in (BUILD_FORMAT, platform.machine(), sys.version, sysconfig.get_config_var("SOABI") or "",
+                 _identity(cc), " ".join(flags)):
+        h.update(part.encode())
+        h.update(b"\0")
+    h.update(source)
+    out = _cache_root(env) / h.hexdigest()[:20] / (MODULE + importlib.machinery.EXTENSION_SUFFIXES[0])
+    if out.is_file():
+        return out
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        os.close(fd)
+    except OSError as exc:  # an unwritable cache, a full disk
+        raise NativeBuildError(f"cannot write the cache {out.parent}: {exc}") from exc
+    try:
+        cmd = [cc, *flags, "-o", tmp, str(SOURCE)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NativeBuildError(f"compiling {SOURCE.name} failed: {exc}") from exc
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+            raise NativeBuildError(f"compiling {SOURCE.name} failed ({' '.join(cmd)}):\n{tail}")
+        os.replace(tmp, out)  # atomic: another process sees no module or the whole one
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def _load(path: Path) -> ModuleType:
+    name = f"gradmon.server.{MODULE}"
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    if spec is None:
+        raise NativeBuildError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+# A batch whose answer is known (the self-test): a step record, spaced, another kind, undecided lines.
+_SELF_TEST = [b'{"type":"step","step":1,"loss":0.5,"x":"a","f":true,"n":null}',
+              b'{ "type" : "step" , "step" : -2 , "loss" : 1e-3 }', b'{"type":"event","step":3}',
+              b'{"type":"step","step":4,"v":{"a":1}}', None]
+
+
+def _self_test(module: ModuleType) -> None:
+    got = module.scan_steps(list(_SELF_TEST))
+    want = ([{"type": "step", "step": 1, "loss": 0.5, "x": "a", "f": True, "n": None},
+             {"type": "step", "step": -2, "loss": 0.001}, None, None, None], [3, 4],
+            {"type": ["step", "step"], "step": [1, -2], "loss": [0.5, 0.001], "x": ["a", None],
+             "f": [True, None], "n": [None, None]},
+            {"type": 4, "step": 1, "loss": 2, "x": 4 | 16, "f": 8 | 16, "n": 16})
+    records, *rest = want
+    missing = struct.pack("<Q", module.MISSING_BITS)
+    floats = {"type": missing * 2, "step": struct.pack("<2d", 1, -2), "loss": struct.pack("<2d", 0.5, 0.001),
+              "x": missing * 2, "f": missing * 2, "n": missing * 2}
+    want = (records, *rest, floats, [r for r in records if r is not None], [2, 3, 4])
+    if got != want:
+        raise NativeBuildError(f"the compiled scanner's self-test failed: {got!r}")
+
+
+def scanner() -> ModuleType | None:
+    """The compiled scanner module (built, loaded and self-tested the first time), or ``None``
+    when it cannot be used here (the reason is logged once: :func:`unavailable_reason`)."""
+    if "module" in _state:
+        return _state["module"]
+    with _lock:
+        if "module" not in _state:
+            module = None
+            if os.environ.get(ENV_DISABLE, "1").strip() == "0":
+                _state["reason"] = f"{ENV_DISABLE}=0"
+            else:
+                try:
+                    module = _load(build())
+                    _self_test(module)
+                except (NativeBuildError, OSError, ImportError) as exc:
+                    module = None
+                    _state["reason"] = str(exc)
+                    log.info("gradmon: indexing without the compiled line scanner (the Python path, "
+                             "slower on big logs): %s", exc)
+            _state["module"] = module
+    return _state["module"]
+
+
+def unavailable_reason() -> str | None:
+    """Why the scanner is not used (``None``: it is, or it was not asked for yet)."""
+    scanner()
+    return _state.get("reason")

@@ -1,0 +1,265 @@
+"""The compiled line scanner (gradmon/server/native.py, csrc/scanlines.c) reads exactly what orjson
+and the standard library read, on every line it decides; ``parse_lines`` gives the same answer with
+it and without it; and without a compiler the index still works (the Python path)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import sysconfig
+from array import array
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradmon.logformat.jsonl import encode_record
+from gradmon.server import native
+from gradmon.server.columns import MISSING, MISSING_BITS
+from gradmon.server.parse import KeyColumns, parse_lines
+from gradmon.server.values import number
+
+_HEADERS = os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+_CC = any(shutil.which(cc) for cc in ("cc", "gcc", "clang"))
+needs_scanner = pytest.mark.skipif(not (_HEADERS and _CC), reason="no C compiler or Python headers here")
+
+
+@needs_scanner
+def test_the_scanner_is_built_and_used_where_a_compiler_is():
+    assert native.scanner() is not None, native.unavailable_reason()
+    assert native.unavailable_reason() is None
+    assert native.scanner().MISSING_BITS == MISSING_BITS
+
+
+_KEYS = ["type", "step", "loss", "grad_norm", "lr", "spike", "note", "xNaN", "Infinity", "a b", "é",
+         "k\\u0041"]
+_STRINGS = ["step", "event", "eval", "", "a", "NaN", "-Infinity", "Infinity", "xNaN", "é", "tab\there",
+            "\x7f", "quote\"d", "back\\slash", "true", "}", "{", ",", ":", "step "]
+
+
+def _number_text(rng: random.Random) -> str:
+    r = rng.random()
+    if r < 0.25:
+        return repr(rng.uniform(-1e6, 1e6))
+    if r < 0.4:
+        return f"{rng.uniform(-10, 10):.{rng.randrange(0, 18)}f}"
+    if r < 0.55:
+        return f"{rng.random():.{rng.randrange(1, 20)}e}".replace("e", rng.choice(["e", "E"]))
+    if r < 0.65:
+        return repr(rng.choice([5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, 0.1, 1e22, 1e23,
+                                -0.0]))
+    if r < 0.8:
+        return str(rng.choice([0, -1, 1, 7, 2**31, -(2**53) - 1, 10**17, 10**18 - 1, 10**18, -(10**18),
+                               2**63, 10**30]))
+    return rng.choice(["1e999", "-1e999", "1e-400", "01", "1.", ".5", "-", "+1", "1e", "1e+", "-0", "0e0",
+                       "123456789012345.6", "1234567890123456.7", "9007199254740993.0",
+                       "1.000000000000000000001", "0.000000000000000000000000000001", "NaN", "Infinity",
+                       "1_0", "0x10"])
+
+
+def _value_text(rng: random.Random) -> str:
+    r = rng.random()
+    if r < 0.55:
+        return _number_text(rng)
+    if r < 0.75:
+        return json.dumps(rng.choice(_STRINGS), ensure_ascii=rng.random() < 0.5)
+    if r < 0.9:
+        return rng.choice(["true", "false", "null", "tru", "nul"])
+    return rng.choice(["[1,2]", '{"a":1}', "[]", "{}"])
+
+
+def _line(rng: random.Random) -> bytes | None:
+    r = rng.random()
+    if r < 0.02:
+        return None  # (an oversize line)
+    keys = rng.sample(_KEYS[2:], rng.randrange(0, 6))
+    if rng.random() < 0.9:
+        keys.insert(rng.randrange(len(keys) + 1), "step")
+    if rng.random() < 0.93:
+        keys.insert(rng.randrange(len(keys) + 1), "type")
+    if keys and rng.random() < 0.05:
+        keys.append(rng.choice(keys))  # a repeated key
+    colon, comma = rng.choice([(":", ","), (": ", ", "), (" : ", " , "), (":\t", ",\r")]) \
+        if rng.random() < 0.3 else (":", ",")
+    parts = []
+    for k in keys:
+        if k == "type":
+            v = json.dumps(rng.choice(["step"] * 8 + ["event", "eval", ""])) if rng.random() < 0.97 else "3"
+        elif k == "step":
+            v = str(rng.randrange(-5, 10**6)) if rng.random() < 0.9 else _value_text(rng)
+        else:
+            v = _value_text(rng)
+        parts.append(f"{json.dumps(k) if rng.random() < 0.97 else chr(34) + k + chr(34)}{colon}{v}")
+    text = "{" + comma.join(parts) + "}"
+    r = rng.random()
+    if r < 0.03:
+        text = " " + text
+    elif r < 0.06:
+        text += rng.choice([" ", "\r", "\t", ",", "}"])
+    elif r < 0.08:
+        text = text[: rng.randrange(len(text) + 1)]
+    return text.encode("utf-8")
+
+
+def _same(a, b) -> bool:
+    """Equal records, value types and float bits (repr), key order included."""
+    return list(a) == list(b) and all(type(a[k]) is type(b[k]) and repr(a[k]) == repr(b[k]) for k in a)
+
+
+def _reads(line: bytes):
+    """What orjson and the standard library read (both must agree for a line the scanner decides)."""
+    try:
+        return orjson.loads(line), json.loads(line)
+    except ValueError:
+        return None, None
+
+
+@needs_scanner
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 2**32), st.integers(0, 40))
+def test_every_line_the_scanner_decides_is_what_orjson_and_the_stdlib_read(seed, n):
+    rng = random.Random(seed)
+    texts = [_line(rng) for _ in range(n)]
+    records, undecided, columns, types, floats, steps, not_steps = native.scanner().scan_steps(list(texts))
+    assert len(records) == n
+    assert not_steps == [i for i, r in enumerate(records) if r is None]
+    assert steps == [r for r in records if r is not None] and all(map(lambda a, b: a is b, steps,
+                                                                       [r for r in records if r is not None]))
+    assert set(undecided) <= set(not_steps) and undecided == sorted(undecided)
+    for i, (line, rec) in enumerate(zip(texts, records)):
+        if rec is not None:  # a step record: exactly what both parsers read
+            by_orjson, by_stdlib = _reads(line)
+            assert isinstance(by_orjson, dict) and _same(rec, by_orjson) and _same(rec, by_stdlib), line
+            assert rec["type"] == "step"
+            assert not any(isinstance(v, float) and not math.isfinite(v) for v in rec.values())
+        elif i not in undecided:  # another kind of record, decided: decode_record reads it
+            by_orjson, by_stdlib = _reads(line)
+            assert isinstance(by_orjson, dict) and "type" in by_orjson and by_orjson["type"] != "step", line
+            assert by_stdlib == by_orjson
+    want = KeyColumns(steps)
+    assert set(columns) == want.key_set() == set(types)
+    for key, column in columns.items():
+        assert json.dumps(column) == json.dumps(want.values(key))
+        assert {t for bit, t in ((1, int), (2, float), (4, str), (8, bool), (16, type(None)))
+                if types[key] & bit} == want.types(key)
+        # (the sidecar's reading of the column: values.number, MISSING where none)
+        sidecar = array("d", [MISSING if (x := number(v)) is None else x for v in column])
+        assert floats[key] == sidecar.tobytes()
+
+
+@needs_scanner
+def test_the_scanner_decides_the_writers_lines():
+    recs = [{"type": "step", "step": 1, "epoch": 1, "ts": 1700000000.01, "loss": 2.357221, "grad_norm": 1.5,
+             "lr": 0.001, "spike": False, "clipped": True, "note": "warm-up"},
+            {"type": "step", "step": 2, "loss": 1e-9, "grad_norm": 12345678.0, "lr": None, "zscore": -3.25}]
+    texts = [encode_record(r).rstrip("\n").encode() for r in recs]
+    records, undecided, columns, _types, _floats, steps, not_steps = native.scanner().scan_steps(texts)
+    assert undecided == not_steps == [] and records == recs and steps == recs
+    assert columns["lr"] == [0.001, None] and columns["zscore"] == [None, -3.25]
+
+
+def _pairs(texts: list[bytes | None]) -> list[tuple[int, bytes | None]]:
+    out, end = [], 0
+    for t in texts:
+        end += (len(t) if t is not None else 50) + 1
+        out.append((end, t))
+    return out
+
+
+@needs_scanner
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 50))
+def test_parse_lines_is_the_same_with_and_without_the_scanner(seed, n):
+    rng = random.Random(seed)
+    # (mostly the writer's step records, as a real batch, with other lines among them)
+    plain = [encode_record({"type": "step", "step": s, "loss": rng.random(), "grad_norm": rng.random() * 3,
+                            **({"spike": True} if rng.random() < 0.1 else {})}).rstrip("\n").encode()
+             for s in range(n)]
+    texts = [p if rng.random() < 0.7 else _line(rng) for p in plain]
+    pairs = _pairs(texts)
+    got = parse_lines(pairs, 0)
+    want = parse_lines(pairs, 0, use_native=False)
+    assert [repr(r) for r in got.records] == [repr(r) for r in want.records]
+    assert (got.raw, got.offsets, got.check, got.malformed, got.end) == \
+        (want.raw, want.offsets, want.check, want.malformed, want.end)
+    for parsed in (got, want):
+        cols = parsed.columns
+        assert cols is not None and cols.records is parsed.records
+        assert cols.key_set() == set().union(*parsed.records)
+        for k in cols.key_set():
+            assert repr(cols.values(k)) == repr([r.get(k) for r in parsed.records])
+            assert cols.types(k) == {type(r.get(k)) for r in parsed.records}
+        if cols.no_bools():
+            assert not any(type(v) is bool for r in parsed.records for v in r.values())
+        if parsed.step_columns is not None:
+            steps = [r for r in parsed.records if r["type"] == "step"]
+            assert all(map(lambda a, b: a is b, parsed.step_columns.records, steps))
+            assert len(parsed.step_columns.records) == len(steps)
+            for k in parsed.step_columns.key_set():
+                assert repr(parsed.step_columns.values(k)) == repr([r.get(k) for r in steps])
+
+
+_PROBE = """
+import json, sys
+from gradmon.server import native
+from gradmon.server.columns import MISSING, MISSING_BITS
+from gradmon.server.values import number
+from gradmon.server.parse import parse_lines
+line = b'{"type":"step","step":1,"loss":0.5}'
+parsed = parse_lines([(len(line) + 1, line)], 0)
+print(json.dumps([native.scanner() is not None, native.unavailable_reason(), parsed.records]))
+"""
+
+
+def _probe(tmp_path, **env) -> list:
+    environ = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), **env}
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=environ, capture_output=True, text=True,
+                         timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+def test_without_the_scanner_the_python_path_indexes(tmp_path):
+    used, reason, records = _probe(tmp_path, GRADMON_NATIVE="0")
+    assert not used and "GRADMON_NATIVE=0" in reason
+    assert records == [{"type": "step", "step": 1, "loss": 0.5}]
+    assert not (tmp_path / "cache").exists()  # (nothing built)
+
+
+def test_a_missing_compiler_is_named_and_the_python_path_indexes(tmp_path):
+    used, reason, records = _probe(tmp_path, GRADMON_CC=str(tmp_path / "no-such-cc"))
+    assert not used and "no C compiler" in reason
+    assert records == [{"type": "step", "step": 1, "loss": 0.5}]
+
+
+@needs_scanner
+def test_the_scanner_is_built_once_into_the_cache(tmp_path):
+    assert _probe(tmp_path)[:2] == [True, None]
+    built = list((tmp_path / "cache" / "gradmon" / "native").glob("*/_scanlines*"))
+    assert len(built) == 1
+    mtime = built[0].stat().st_mtime_ns
+    assert _probe(tmp_path)[:2] == [True, None]  # (a second process loads it, compiles nothing)
+    assert [p.stat().st_mtime_ns for p in (tmp_path / "cache" / "gradmon" / "native").glob("*/_scanlines*")] \
+        == [mtime]
+
+
+@needs_scanner
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.floats(allow_nan=False, allow_infinity=False).map(repr),
+                 st.tuples(st.floats(-1e30, 1e30), st.integers(0, 25), st.sampled_from("fegE")).map(
+                     lambda t: f"{t[0]:.{t[1]}{t[2]}}"),
+                 st.integers(-(10**20), 10**20).map(str),
+                 st.from_regex(r"\A-?(0|[1-9][0-9]{0,20})(\.[0-9]{1,20})?([eE][-+]?[0-9]{1,3})?\Z")))
+def test_a_number_the_scanner_reads_is_the_one_orjson_and_the_stdlib_read(text):
+    line = b'{"type":"step","step":1,"v":' + text.encode() + b"}"
+    records, undecided, *_ = native.scanner().scan_steps([line])
+    if records[0] is None:  # (left to orjson: a number beyond what the scanner reads, or not JSON)
+        assert undecided == [0]
+        return
+    by_orjson, by_stdlib = _reads(line)
+    assert _same(records[0], by_orjson) and _same(records[0], by_stdlib), text
