@@ -17,27 +17,37 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_helpers import line_pairs
 
-from gradmon.server import history
+from gradmon.server import history, native
 from gradmon.server.history import HistoryOptions, answer, build_job
 from gradmon.server.index import RunIndex
 from gradmon.server.pyramid import BUCKET
+from gradmon.server.steps import StepSeries
 
 _KEYS = ("loss", "grad_norm", "a", "b", "ts")
 _ODD = (None, True, False, "NaN", "Infinity", "-Infinity", math.nan, math.inf, 10**20, -(10**25),
         10**400, "text", 1e308)
 
 
-def _log(rnd, n: int) -> list[bytes]:
-    """``n`` step records (a header now and then); each key shows up from a random step on."""
+# Odd values the compiled line scanner decides itself (gradmon/server/native.py: no NaN, no huge
+# ints) and valid in every key; bools and text too where no number is required (not in a record's
+# number fields, which would make it invalid and its batch taken record by record).
+_SCANNED_ODD = (None, 1e308, -(10**15), 0, -0.0)
+_SCANNED_ODD_FREE = (*_SCANNED_ODD, True, False, "text")
+
+
+def _log(rnd, n: int, odd: tuple = _ODD, headers: float = 0.01, free_odd: tuple | None = None) -> list[bytes]:
+    """``n`` step records (a header now and then); each key shows up from a random step on
+    (``free_odd``: the odd values of the keys that are no number fields, "a" and "b")."""
     first = {k: rnd.randrange(n + 1) for k in _KEYS}
     lines = []
     for s in range(n):
-        if s and rnd.random() < 0.01:
+        if s and rnd.random() < headers:
             lines.append(json.dumps({"type": "header", "run_id": "r"}).encode())
         rec: dict = {"type": "step", "step": s if rnd.random() < 0.95 else rnd.randrange(n)}
         for k in _KEYS:
             if s >= first[k] and rnd.random() < 0.8:
-                rec[k] = rnd.choice(_ODD) if rnd.random() < 0.3 else rnd.random() * 10
+                odds = free_odd if free_odd is not None and k in ("a", "b") else odd
+                rec[k] = rnd.choice(odds) if rnd.random() < 0.3 else rnd.random() * 10
         for flag in ("spike", "nonfinite", "skipped"):
             if rnd.random() < 0.03:
                 rec[flag] = True
@@ -83,6 +93,28 @@ def _check(lines: list[bytes], cuts: list[int]) -> None:
 def test_index_does_not_depend_on_batch_boundaries(seed, n, cuts):
     lines = _log(random.Random(seed), n)
     _check(lines, sorted({c % len(lines) for c in cuts} - {0}))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32), n=st.integers(BUCKET, 4 * BUCKET + 20),
+       cuts=st.lists(st.integers(1, 4 * BUCKET), max_size=8))
+def test_whole_buckets_summarized_from_the_scanner_s_columns_are_the_same(seed, n, cuts):
+    """Batches whose records fill whole buckets are summarized from the compiled scanner's float64
+    columns (``StepSeries._whole_buckets``), one-line batches never: the answers must agree."""
+    lines = _log(random.Random(seed), n, _SCANNED_ODD, headers=0.003, free_odd=_SCANNED_ODD_FREE)
+    taken = [0]
+    whole_buckets = StepSeries._whole_buckets
+
+    def spy(self, *args):
+        taken.append(whole_buckets(self, *args))
+        return taken[-1]
+
+    with mock.patch.object(StepSeries, "_whole_buckets", spy):
+        _check(lines, sorted({c % len(lines) for c in cuts} - {0}))
+    kinds = b"".join(b"h" if b'"header"' in ln else b"s" for ln in lines)
+    longest = max(map(len, kinds.split(b"h")))
+    if native.scanner() is not None and longest >= BUCKET:
+        assert max(taken) >= BUCKET  # (the unsplit batch, at least, took its whole buckets there)
 
 
 def test_key_first_none_then_nan_across_a_bucket_close_in_one_batch():

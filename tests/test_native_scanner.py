@@ -263,3 +263,33 @@ def test_a_number_the_scanner_reads_is_the_one_orjson_and_the_stdlib_read(text):
         return
     by_orjson, by_stdlib = _reads(line)
     assert _same(records[0], by_orjson) and _same(records[0], by_stdlib), text
+
+
+@needs_scanner
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.integers(-(10**15), 10**15), st.sampled_from([0.0, -0.0, 1.5, -1.5]),
+                          st.floats(allow_nan=False, allow_infinity=False, width=64)),
+                min_size=1, max_size=64),
+       st.integers(1, 16), st.integers(0, 3), st.booleans())
+def test_bucket_summaries_are_column_summary_of_each_bucket(values, size, start, shuffled):
+    from gradmon.server.pyramid import column_summary
+
+    start = min(start, len(values) - 1)
+    buckets = (len(values) - start) // size
+    steps = list(range(100, 100 + len(values)))
+    if shuffled:
+        random.Random(len(values)).shuffle(steps)
+    floats = array("d", [MISSING if v is None else float(v) for v in values]).tobytes()
+    got = native.scanner().bucket_summaries(floats, steps, start, buckets, size)
+    want = []
+    for b in range(buckets):
+        a = start + b * size
+        f, nonfinite = column_summary(values[a:a + size], steps[a:a + size])
+        assert not nonfinite
+        want.append(f)
+    assert repr(got) == repr(want)
+    bad = array("d", floats)
+    bad[start] = math.inf
+    assert native.scanner().bucket_summaries(bad.tobytes(), steps, start, max(buckets, 1), 1) is None
+    with pytest.raises(ValueError):
+        native.scanner().bucket_summaries(floats, steps, start, buckets + len(values), size)

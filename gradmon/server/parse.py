@@ -92,18 +92,52 @@ class KeyColumns:
         self._keys = set(columns)
         self._no_bools = not any(mask & _BOOL_BIT for mask in types.values())
 
-    def floats(self, key: str) -> bytes | None:
+    def floats(self, key: str) -> bytes | memoryview | None:
         """The key's column as native float64s, ``columns.MISSING_BITS`` where a record has no
         number there (``values.number``: a bool, text, null or no value), when the compiled scanner
         took it (else ``None``)."""
+        if self._part_of is not None:
+            whole, start, stop = self._part_of
+            got = whole.floats(key)
+            return None if got is None else memoryview(got)[start * 8:stop * 8]
         return self._floats.get(key) if self._floats is not None else None
+
+    def bucket_summaries(self, key: str, start: int, buckets: int, size: int) -> list[list | None] | None:
+        """``pyramid.column_summary`` of the key's values in each of ``buckets`` consecutive
+        buckets of ``size`` records from ``start`` (``None`` for a bucket without a number), by
+        the compiled scanner from :meth:`floats`; ``None`` when it did not take them, or some
+        value is not finite (then the caller summarizes, and marks, in Python)."""
+        floats = self.floats(key)
+        if floats is None:
+            return None
+        return _native_scanner().bucket_summaries(floats, self.values("step"), start, buckets, size)  # type: ignore[union-attr]
 
     def key_set(self) -> set[str]:
         """Every key of the records (a set nobody may change)."""
         if self._keys is None:
-            keys = self._same_keys()
+            keys = self._part_keys() if self._part_of is not None else None
+            if keys is None:
+                keys = self._same_keys()
             self._keys = keys if keys is not None else set().union(*self.records)
         return self._keys
+
+    def _part_keys(self) -> set[str] | None:
+        """A part's keys read off its whole's, when the whole knows its own (``None``: not
+        known): a key none of whose values is ``None`` in the whole is in every record; another
+        is in the part when one of its values there is not ``None``, or one of its records has it."""
+        whole, start, stop = self._part_of  # type: ignore[misc]
+        if whole._keys is None or not self.records:
+            return None
+        keys = set()
+        for key in whole._keys:
+            if _NONE not in whole.types(key):
+                keys.add(key)
+                continue
+            piece = whole.values(key)[start:stop]
+            if piece.count(None) < len(piece) or any(map(dict.__contains__, self.records, repeat(key))):
+                keys.add(key)
+        self._no_bools = whole._no_bools  # (no bool in the whole: none in a part of it)
+        return keys
 
     def _same_keys(self) -> set[str] | None:
         """The first record's keys when every record has exactly those (the writer's common batch),
@@ -149,6 +183,16 @@ class KeyColumns:
                 got = self._values[key] = list(map(dict.get, self.records, repeat(key)))
         return got
 
+    def piece(self, key: str, start: int, stop: int) -> list[Any]:
+        """``values(key)[start:stop]`` (the column itself when that is all of it; a part's piece is
+        sliced from the whole's column, without taking the part's own)."""
+        if self._part_of is not None and key not in self._values:
+            whole, at, _end = self._part_of
+            n = len(self.records)
+            return whole.values(key)[at + min(start, n):at + min(stop, n)]
+        got = self.values(key)
+        return got if start == 0 and stop == len(got) else got[start:stop]
+
     def types(self, key: str) -> set[type]:
         """The types of the key's values (``NoneType`` when some record has none)."""
         got = self._types.get(key)
@@ -162,6 +206,9 @@ class KeyColumns:
 
     def fast(self, key: str) -> bool:
         """Whether every record has a plain ``int`` or ``float`` there (no None, bool or text)."""
+        part_of = self._part_of
+        if part_of is not None and key not in self._types and self.records and part_of[0].fast(key):
+            return True  # (plain in the whole: plain in any part of it)
         return self.types(key) <= FAST_TYPES
 
 
@@ -250,6 +297,7 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
             out.columns = KeyColumns(out.records)
             if not slow_steps:  # the fast path's records are the batch's step records
                 out.step_columns = fast
+                _other_kinds(out, len(out.records) - len(fast.records))
         return out
     records, offsets, raw, check = out.records, out.offsets, out.raw, out.check
     offset = start
@@ -314,6 +362,21 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | Non
         check = {k for k, i in enumerate(keep) if i in check}
     out.records, out.raw, out.offsets, out.check = decoded, raw, offsets, sorted(check)
     return slow_steps
+
+
+def _other_kinds(out: ParsedLines, others: int) -> None:
+    """Give ``out.columns`` its ``type`` column when the batch's records are step records except
+    ``others`` of them, which ``decode_record`` decoded (so each is in ``out.check``): without a
+    look at every record."""
+    kinds = ["step"] * len(out.records)
+    found = 0
+    for i in out.check:
+        kind = out.records[i].get("type")
+        if kind != "step":
+            kinds[i] = kind
+            found += 1
+    if found == others:  # (else leave the column to be taken: a guard, never expected)
+        out.columns._values["type"] = kinds  # type: ignore[union-attr]
 
 
 def _mark_flagged(columns: KeyColumns, holes: list[int]) -> set[int]:

@@ -117,12 +117,20 @@ class StepSeries:
                 if not self._known.issuperset(rec) or (pending and not pending.isdisjoint(rec)):
                     self._discover(rec, pos, added)
         names = self.series_names()
-        raw = [(name, columns.values(name), columns.fast(name)) for name in names]
+        plain: list[tuple[str, bool]] | None = None  # (name, plain ints/floats only), when needed
         checks = iter(check)
         c = next(checks, -1)
         i, n = 0, len(recs)
         while i < n:
             ob = self._ob_recs
+            if not ob and n - i >= BUCKET and (done := self._whole_buckets(columns, names, i, offsets,
+                                                                           steps)):
+                while 0 <= c < i + done:  # (the marks of their records, in order, as below)
+                    self._step_marks(recs[c], steps[c],
+                                     [name for name, at in added.items() if at > c] if added else None)
+                    c = next(checks, -1)
+                i += done
+                continue
             if not ob:
                 self._ob_offset = offsets[i]
             j = min(n, i + BUCKET - len(ob))
@@ -132,13 +140,15 @@ class StepSeries:
                 self._ob_marked.add(len(ob) + c - i)
                 c = next(checks, -1)
             obc = self._ob_cols
-            for name, values, fast in raw:
+            if plain is None:
+                plain = [(name, columns.fast(name)) for name in names]
+            for name, fast in plain:
                 col = obc.get(name)
                 if col is None:  # (a new field, or a restored index: the bucket's records have it)
                     col = obc[name] = list(map(dict.get, ob, repeat(name)))
                     if ob:
                         self._ob_unchecked.add(name)
-                col.extend(values[i:j] if i or j < n else values)
+                col.extend(columns.piece(name, i, j))
                 if not fast:
                     self._ob_unchecked.add(name)
             ob.extend(recs[i:j])
@@ -148,6 +158,35 @@ class StepSeries:
             i = j
         self._ob_cache = None
         return lo, hi, ordered
+
+    def _whole_buckets(self, columns: KeyColumns, names: list[str], i: int, offsets: list[int],
+                       steps: list[int]) -> int:
+        """Push the whole buckets that the records from position ``i`` fill (the open bucket being
+        empty) straight into the pyramid, summarized from the compiled scanner's float64 columns
+        (``KeyColumns.bucket_summaries``, which is ``_summarize``'s ``column_summary``); returns
+        how many records they held (0: not taken here, the caller's loop does it)."""
+        k = (len(steps) - i) // BUCKET
+        keys = columns.key_set()
+        summaries = []
+        for name in names:
+            got = columns.bucket_summaries(name, i, k, BUCKET) if name in keys else [None] * k
+            if got is None:
+                return 0
+            summaries.append((name, got))
+        increasing = columns.increasing()
+        push = self.pyramid.push
+        for b in range(k):
+            a = i + b * BUCKET
+            out = Summary(offsets[a])
+            out.n = BUCKET
+            if increasing:
+                out.lo, out.hi = steps[a], steps[a + BUCKET - 1]
+            else:
+                ordered = sorted(steps[a:a + BUCKET])
+                out.lo, out.hi = ordered[0], ordered[-1]
+            out.fields = {name: got[b] for name, got in summaries if got[b] is not None}
+            push(out)
+        return k * BUCKET
 
     def close_bucket(self) -> None:
         """Summarize the open bucket into the pyramid (early at a segment's start, so that no base

@@ -485,7 +485,77 @@ done:
     return result;
 }
 
+/* bucket_summaries(floats, steps, start, buckets, size): pyramid.column_summary of each of
+ * `buckets` consecutive buckets of `size` rows from row `start` of a float64 column (a buffer,
+ * MISSING_BITS where no number) whose rows' steps are the list `steps`: per bucket None (no
+ * number) or [count, first_step, first, last_step, last, min_step, min, max_step, max] over the
+ * finite values (the first of the smallest and the first of the largest); or None for the whole
+ * call when some value is not finite (the caller's Python path marks those). */
+static PyObject *bucket_summaries(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer buf;
+    PyObject *steps;
+    Py_ssize_t start, buckets, size;
+    if (!PyArg_ParseTuple(args, "y*O!nnn", &buf, &PyList_Type, &steps, &start, &buckets, &size))
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t rows = buf.len / (Py_ssize_t)sizeof(double);
+    if (start < 0 || buckets < 0 || size <= 0 || start + buckets * size > rows ||
+        start + buckets * size > PyList_GET_SIZE(steps)) {
+        PyErr_SetString(PyExc_ValueError, "bucket_summaries: rows out of range");
+        goto done;
+    }
+    const double *v = (const double *)buf.buf;
+    for (Py_ssize_t r = start; r < start + buckets * size; r++) {
+        unsigned long long bits;
+        memcpy(&bits, &v[r], sizeof bits);
+        if (bits != MISSING_BITS && !isfinite(v[r])) {
+            out = Py_None;
+            Py_INCREF(out);
+            goto done;
+        }
+    }
+    if ((out = PyList_New(buckets)) == NULL)
+        goto done;
+    for (Py_ssize_t b = 0; b < buckets; b++) {
+        Py_ssize_t lo = start + b * size, count = 0, first = -1, last = -1, imin = -1, imax = -1;
+        for (Py_ssize_t r = lo; r < lo + size; r++) {
+            unsigned long long bits;
+            memcpy(&bits, &v[r], sizeof bits);
+            if (bits == MISSING_BITS)
+                continue;
+            if (first < 0)
+                first = imin = imax = r;
+            last = r;
+            count++;
+            if (v[r] < v[imin])
+                imin = r;
+            if (v[r] > v[imax])
+                imax = r;
+        }
+        PyObject *item;
+        if (count == 0) {
+            item = Py_None;
+            Py_INCREF(item);
+        } else {
+            item = Py_BuildValue("[nOdOdOdOd]", count, PyList_GET_ITEM(steps, first), v[first],
+                                 PyList_GET_ITEM(steps, last), v[last], PyList_GET_ITEM(steps, imin), v[imin],
+                                 PyList_GET_ITEM(steps, imax), v[imax]);
+            if (item == NULL) {
+                Py_CLEAR(out);
+                goto done;
+            }
+        }
+        PyList_SET_ITEM(out, b, item);
+    }
+done:
+    PyBuffer_Release(&buf);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"bucket_summaries", bucket_summaries, METH_VARARGS,
+     "bucket_summaries(floats, steps, start, buckets, size) -> [summary or None per bucket] or None"},
     {"scan_steps", scan_steps, METH_O, "scan_steps(texts) -> (records, undecided, columns, types, floats, steps, not_steps)"},
     {NULL, NULL, 0, NULL},
 };
