@@ -170,6 +170,7 @@ def test_a_slice_of_a_batch_s_columns_is_the_slice_s_own(seed, n, a, b):
         lo, hi = sorted((seed % 7, n // 3))  # (before the part's own column is taken)
         assert json.dumps(part.piece(k, lo, hi)) == json.dumps(own.values(k)[lo:hi])
         assert part.fast(k) == own.fast(k)
+        assert not part.known_plain(k) or own.fast(k)  # (known plain: plain; else not known)
         assert json.dumps(part.values(k)) == json.dumps(own.values(k))
         assert part.types(k) == own.types(k)
 

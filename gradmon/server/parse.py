@@ -204,6 +204,14 @@ class KeyColumns:
                 got = self._types[key] = set(map(type, self.values(key)))
         return got
 
+    def known_plain(self, key: str) -> bool:
+        """Whether every record is known to have a plain ``int`` or ``float`` there: :meth:`fast`
+        for a whole; a part answers from its whole, without taking its own types (``False``: not
+        known, a reader checks the values itself)."""
+        if self._part_of is not None and key not in self._types:
+            return not self.records or self._part_of[0].fast(key)
+        return self.fast(key)
+
     def fast(self, key: str) -> bool:
         """Whether every record has a plain ``int`` or ``float`` there (no None, bool or text)."""
         part_of = self._part_of

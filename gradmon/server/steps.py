@@ -117,7 +117,7 @@ class StepSeries:
                 if not self._known.issuperset(rec) or (pending and not pending.isdisjoint(rec)):
                     self._discover(rec, pos, added)
         names = self.series_names()
-        plain: list[tuple[str, bool]] | None = None  # (name, plain ints/floats only), when needed
+        plain: list[tuple[str, bool]] | None = None  # (name, known plain ints/floats only), when needed
         checks = iter(check)
         c = next(checks, -1)
         i, n = 0, len(recs)
@@ -141,7 +141,7 @@ class StepSeries:
                 c = next(checks, -1)
             obc = self._ob_cols
             if plain is None:
-                plain = [(name, columns.fast(name)) for name in names]
+                plain = [(name, columns.known_plain(name)) for name in names]
             for name, fast in plain:
                 col = obc.get(name)
                 if col is None:  # (a new field, or a restored index: the bucket's records have it)
