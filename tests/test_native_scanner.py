@@ -218,23 +218,28 @@ print(json.dumps([native.scanner() is not None, native.unavailable_reason(), par
 
 
 def _probe(tmp_path, **env) -> list:
+    """[scanner used, why not, records parsed, stderr] of a fresh process."""
     environ = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), **env}
     out = subprocess.run([sys.executable, "-c", _PROBE], env=environ, capture_output=True, text=True,
                          timeout=120, check=True)
-    return json.loads(out.stdout)
+    return [*json.loads(out.stdout), out.stderr]
 
 
 def test_without_the_scanner_the_python_path_indexes(tmp_path):
-    used, reason, records = _probe(tmp_path, GRADMON_NATIVE="0")
+    used, reason, records, stderr = _probe(tmp_path, GRADMON_NATIVE="0")
     assert not used and "GRADMON_NATIVE=0" in reason
     assert records == [{"type": "step", "step": 1, "loss": 0.5}]
+    assert "scanner" not in stderr  # (asked for: nothing to warn about)
     assert not (tmp_path / "cache").exists()  # (nothing built)
 
 
 def test_a_missing_compiler_is_named_and_the_python_path_indexes(tmp_path):
-    used, reason, records = _probe(tmp_path, GRADMON_CC=str(tmp_path / "no-such-cc"))
+    used, reason, records, stderr = _probe(tmp_path, GRADMON_CC=str(tmp_path / "no-such-cc"))
     assert not used and "no C compiler" in reason
     assert records == [{"type": "step", "step": 1, "loss": 0.5}]
+    # (the message of docs/troubleshooting.md, "A slow first index", once)
+    assert stderr.count("indexing without the compiled line scanner (the Python path, about twice as slow "
+                        "on big logs): no C compiler found") == 1
 
 
 @needs_scanner

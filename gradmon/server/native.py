@@ -153,7 +153,8 @@ def _self_test(module: ModuleType) -> None:
 
 def scanner() -> ModuleType | None:
     """The compiled scanner module (built, loaded and self-tested the first time), or ``None``
-    when it cannot be used here (the reason is logged once: :func:`unavailable_reason`)."""
+    when it cannot be used here (the reason is warned once, unless ``GRADMON_NATIVE=0`` asked for
+    that: :func:`unavailable_reason`)."""
     if "module" in _state:
         return _state["module"]
     with _lock:
@@ -168,8 +169,8 @@ def scanner() -> ModuleType | None:
                 except (NativeBuildError, OSError, ImportError) as exc:
                     module = None
                     _state["reason"] = str(exc)
-                    log.info("gradmon: indexing without the compiled line scanner (the Python path, "
-                             "slower on big logs): %s", exc)
+                    log.warning("indexing without the compiled line scanner (the Python path, about "
+                                "twice as slow on big logs): %s", exc)
             _state["module"] = module
     return _state["module"]
 
