@@ -1,15 +1,17 @@
 """Decode a batch of run-log lines fast, with the results of ``jsonl.decode_record``.
 
 Indexing a 10M-line run is dominated by per-line Python overhead, so a batch is decoded at once.
-Each line that is a plain ``step`` record takes a fast path: parsed by orjson when installed,
-else scanned in place by the stdlib's C JSON scanner over the batch decoded in one call (no
-per-line ``str``); then the batch is validated a column at a time with the rules of
-``validate_record``. Any other line — non-step records, the strings ``"NaN"``/``"Infinity"``/
-``"-Infinity"`` (which ``decode_record`` turns into floats), bare ``NaN`` tokens and records
-without ``type`` (other writers'), escapes, surrounding blanks, bad UTF-8, anything malformed or
-invalid — is decoded by ``decode_record`` itself, so the paths cannot disagree on what a valid
-record is. The raw line of each record is kept to be sent as it is, strict JSON already; a
-normalized record (bare token, no ``type``) is re-encoded instead. Pure: no I/O.
+Each line that is a plain ``step`` record takes a fast path: read by the compiled line scanner
+(``native.py``: the flat lines of printable ASCII, their records and each key's column, types and
+float64 row taken in one pass), else parsed by orjson when installed, else scanned in place by the
+stdlib's C JSON scanner over the batch decoded in one call (no per-line ``str``); then the batch is
+validated a column at a time with the rules of ``validate_record``. Any other line — non-step
+records, the strings ``"NaN"``/``"Infinity"``/``"-Infinity"`` (which ``decode_record`` turns into
+floats), bare ``NaN`` tokens and records without ``type`` (other writers'), escapes, surrounding
+blanks, bad UTF-8, anything malformed or invalid — is decoded by ``decode_record`` itself, so the
+paths cannot disagree on what a valid record is. The raw line of each record is kept to be sent as
+it is, strict JSON already; a normalized record (bare token, no ``type``) is re-encoded instead.
+Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 
 Building is batched for speed: step records are held in the *open bucket* as decoded, and a bucket
 is summarized a column at a time with C builtins (``sorted``/``index``) when it closes (see
-benchmarks/README.md for the speed). Only the few records that may carry marks (a ``true`` flag, a
-non-finite value: ``parse.ParsedLines.check``) are looked at one by one. Non-finite values and
-flagged steps (spike, skipped, nonfinite) are kept as *marks*, capped.
+benchmarks/README.md for the speed); the whole buckets that a batch read by the compiled line
+scanner fills are summarized from its float64 columns without passing through the open bucket
+(``KeyColumns.bucket_summaries``, the same summaries). Only the few records that may carry marks (a
+``true`` flag, a non-finite value: ``parse.ParsedLines.check``) are looked at one by one. Non-finite
+values and flagged steps (spike, skipped, nonfinite) are kept as *marks*, capped.
 
 Pure data structure: no I/O.
 """
