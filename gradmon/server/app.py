@@ -202,7 +202,7 @@ class GradmonServer:
             # a page that sized its history request from it (exact smoothing) learns the whole run.
             if run.name in self._announced:
                 self._broadcast_runs()
-        return more
+        return more and not run.waiting  # (a slice still on the disk: the next tick, not at once)
 
     def _announce(self, run: Run, start: Position) -> None:
         """List a run to every client (``runs``); each streams it from ``start``."""

@@ -146,6 +146,7 @@ class Run:
         self.status = "live"
         self.indexing = True  # until the first poll that reaches the end of the file
         self.missing = False
+        self.waiting = False  # the last poll found the next bytes not in the page cache yet
         self.restored = 0  # bytes of the log whose index came from the sidecar
         self._lost = False  # the index lost its stored levels: re-read the log at the next poll
         self.sidecar = Sidecar.open(path) if sidecar else None
@@ -257,6 +258,7 @@ class Run:
         prev = self.tailer.offset
         res = self.tailer.poll(max_bytes)
         self.missing = res.missing
+        self.waiting = res.waiting  # (its next bytes are still on the disk: poll again at the next tick)
         if res.reset:
             self.index = RunIndex()
             self.indexing = True
