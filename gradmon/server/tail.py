@@ -167,7 +167,6 @@ class FileTailer:
         finally:
             os.close(fd)
 
-
     def _read(self, fd: int, n: int, pos: int, result: TailResult) -> tuple[bytes, bool]:
         """Up to ``n`` bytes at ``pos``: the cached ones only, when the system can say (``True``
         with them: maybe fewer than there are; none, ``result.waiting``, when none is cached),
