@@ -107,6 +107,15 @@ static Entry *find_key(Table *t, const char *name, Py_ssize_t len, Py_ssize_t hi
     return e;
 }
 
+/* Past one or more digits at p; NULL when there is none (a fraction's or an exponent's). */
+static const unsigned char *digits(const unsigned char *p, const unsigned char *end) {
+    if (p >= end || *p < '0' || *p > '9')
+        return NULL;
+    while (p < end && *p >= '0' && *p <= '9')
+        p++;
+    return p;
+}
+
 /* A number token at p (JSON grammar); *value a new int or float, NULL when not decided here. */
 static const unsigned char *number(const unsigned char *p, const unsigned char *end, PyObject **value, int *kind,
                                    double *as_float) {
@@ -127,21 +136,16 @@ static const unsigned char *number(const unsigned char *p, const unsigned char *
     }
     const unsigned char *int_end = p;
     if (p < end && *p == '.') {
-        p++;
-        if (p >= end || *p < '0' || *p > '9')
+        if ((p = digits(p + 1, end)) == NULL)
             return NULL;
-        while (p < end && *p >= '0' && *p <= '9')
-            p++;
         is_float = 1;
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
         p++;
         if (p < end && (*p == '+' || *p == '-'))
             p++;
-        if (p >= end || *p < '0' || *p > '9')
+        if ((p = digits(p, end)) == NULL)
             return NULL;
-        while (p < end && *p >= '0' && *p <= '9')
-            p++;
         is_float = 1;
     }
     Py_ssize_t n = p - s;
