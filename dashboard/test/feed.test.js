@@ -157,6 +157,25 @@ test("with smoothing on, a run whose list was read mid-indexing is fetched again
   assert.equal(client.log.length, 3); // exact now: nothing more
 });
 
+test("with smoothing on, a run list that catches up while the history is on its way still gets every step", async () => {
+  // The list that said 3000 records is overtaken while the 3401-point request is answered: the
+  // downsampled answer is taken, then every step is asked for (not left downsampled).
+  const { client, feed, state, started } = openPage(["small"], 0.6);
+  client.answer("runs", { runs: [{ name: "small", records: 3000 }] });
+  await started;
+  await settle();
+  feed.onMessage({ type: "runs", runs: [{ name: "small", records: 6000 }] });
+  await settle();
+  assert.deepEqual(client.log, ["runs", "history small 3401"]);
+  client.answer("history small 3401", Object.assign({}, HISTORY, { run: "small", exact: false, cursor: null }));
+  await settle();
+  assert.deepEqual(client.log, ["runs", "history small 3401", "history small 6701"]);
+  client.answer("history small 6701", Object.assign({}, HISTORY, { run: "small", exact: true, cursor: null }));
+  await settle();
+  assert.equal(state.runs.get("small").exact, true);
+  assert.equal(client.log.length, 3);
+});
+
 test("an early request that failed is asked again once the list names the run", async () => {
   const { client, state, notices, started } = openPage(["late"], 0);
   client.answer("history late 1200", null, 404); // (the run's file appeared just after)

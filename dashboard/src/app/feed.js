@@ -108,6 +108,10 @@
           this.askedPoints.set(name, points);
           const resp = early || (await this.client.history(name, { points }));
           if (this.state.runs.get(name) !== run) return; // unfollowed meanwhile
+          // A run list that caught up while this was on its way (the page opened during the
+          // server's indexing) wants more points: taken, then asked for again (_refetchOutgrown
+          // passes over a run whose first answer has not come: an empty run is exact).
+          if (!resp.exact && this.wantsFullResolution(name) && this._points(name) > points) L.requestLoad(st);
           // Held at full resolution (every step kept as it streams in) only for exact smoothing.
           run.cap = resp.exact && this.wantsFullResolution(name) ? this.fullResMax : L.DEFAULT_CAP;
           run.loadHistory(resp, this.state.runsInfo.get(name));
