@@ -117,6 +117,57 @@ def test_whole_buckets_summarized_from_the_scanner_s_columns_are_the_same(seed, 
         assert max(taken) >= BUCKET  # (the unsplit batch, at least, took its whole buckets there)
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32), n=st.integers(BUCKET, 3 * BUCKET + 20),
+       cuts=st.lists(st.integers(1, 2 * BUCKET), min_size=1, max_size=10))
+def test_open_buckets_summarized_from_the_scanner_s_floats_are_the_python_path_s(seed, n, cuts):
+    """A base bucket filled over several batches the compiled scanner read is summarized from the
+    float64 pieces it kept (``StepSeries._ob_floats``): the answers must be those of the same log
+    indexed without the scanner (the Python path's lists and ``column_summary``), at the same cuts."""
+    lines = _log(random.Random(seed), n, _SCANNED_ODD, headers=0.003, free_odd=_SCANNED_ODD_FREE)
+    _check_floats_path(line_pairs(lines), sorted({c % len(lines) for c in cuts} - {0}))
+
+
+def _check_floats_path(pairs: list[tuple[int, bytes]], cuts: list[int]) -> int:
+    """Index ``pairs`` at ``cuts`` with and without the scanner: the same answers; returns how many
+    summaries the scanner's floats gave."""
+    from gradmon.server import parse, steps
+
+    taken = [0]
+    summarize = steps.summarize_floats
+
+    def spy(floats, at):
+        got = summarize(floats, at)
+        taken[0] += got is not None
+        return got
+
+    def summaries(idx: RunIndex) -> list:
+        got = [(k, s.lo, s.hi, s.n, s.offset, s.fields)
+               for k, lvl in enumerate(idx.steps.pyramid.levels) for s in map(lvl.get, range(lvl.size))]
+        last = idx.steps.open_summary()
+        return repr([*got, None if last is None else (last.lo, last.hi, last.n, last.offset, last.fields)])
+
+    with mock.patch.object(steps, "summarize_floats", spy):
+        idx = _indexed(pairs, cuts)
+        scanned = (summaries(idx), _answers(idx, pairs))
+    with mock.patch.object(parse, "_native_scanner", lambda: None):
+        idx = _indexed(pairs, cuts)
+        assert (summaries(idx), _answers(idx, pairs)) == scanned
+    return taken[0]
+
+
+def test_a_bucket_filled_by_three_scanned_batches_is_summarized_from_their_floats():
+    recs = [{"type": "step", "step": s, "loss": 2.0 - s / 1000, "grad_norm": (s % 7) * 0.5,
+             "tokens": s * 4096, "lr": 1e-3} for s in range(1, 2 * BUCKET + 30)]
+    recs[40]["grad_norm"] = None  # (no number there: a MISSING row)
+    recs[BUCKET + 3]["loss"] = "NaN"  # (a line the scanner leaves: the second bucket's lists, and a mark)
+    recs[BUCKET + 9].pop("lr")
+    lines = [json.dumps(r, separators=(",", ":")).encode() for r in recs]
+    taken = _check_floats_path(line_pairs(lines), [50, 100, BUCKET + 20, BUCKET + 60])
+    if native.scanner() is not None:
+        assert taken >= 4  # (the first bucket's four series at least, and the open one's)
+
+
 def test_key_first_none_then_nan_across_a_bucket_close_in_one_batch():
     """The case that differed: ``x`` is None first, a number later in the same base bucket, and
     NaN right after that bucket closes, all in one batch: its NaN was no mark (the key became a

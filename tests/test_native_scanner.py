@@ -298,3 +298,14 @@ def test_bucket_summaries_are_column_summary_of_each_bucket(values, size, start,
     assert native.scanner().bucket_summaries(bad.tobytes(), steps, start, max(buckets, 1), 1) is None
     with pytest.raises(ValueError):
         native.scanner().bucket_summaries(floats, steps, start, buckets + len(values), size)
+
+
+@needs_scanner
+def test_an_integer_beyond_2_to_the_53_is_left_to_orjson():
+    # (2**53 + 1 and 2**53 are one double: a bucket's minimum taken from the float64 column would
+    # be the first of them, Python's is the smaller)
+    for v, decided in ((2**53, True), (2**53 + 1, False), (-(2**53) - 1, False), (10**17, False)):
+        records, undecided, *_ = native.scanner().scan_steps([b'{"type":"step","step":1,"v":%d}' % v])
+        assert (records[0] is not None) == decided and (undecided == []) == decided, v
+        if decided:
+            assert records[0]["v"] == v and type(records[0]["v"]) is int

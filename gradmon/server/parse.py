@@ -17,6 +17,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress, count, islice, repeat
@@ -103,6 +104,17 @@ class KeyColumns:
             got = whole.floats(key)
             return None if got is None else memoryview(got)[start * 8:stop * 8]
         return self._floats.get(key) if self._floats is not None else None
+
+    def float_piece(self, key: str, start: int, stop: int) -> bytes | memoryview | None:
+        """:meth:`floats` of records ``[start, stop)``; rows of ``MISSING_BITS`` for a key that
+        none of the records has, in a batch the compiled scanner took; ``None`` when it took none."""
+        got = self.floats(key)
+        if got is not None:
+            return memoryview(got)[start * 8:stop * 8]
+        whole = self._part_of[0] if self._part_of is not None else self
+        if whole._floats is None or key in self.key_set():
+            return None
+        return _missing_row() * (stop - start)
 
     def bucket_summaries(self, key: str, start: int, buckets: int, size: int) -> list[list | None] | None:
         """``pyramid.column_summary`` of the key's values in each of ``buckets`` consecutive
@@ -240,6 +252,17 @@ class ParsedLines:
     # Of the step records among ``records`` (in order), when taken already: a mixed batch's (one
     # with other records too) that the fast path validated (``None``: not taken).
     step_columns: KeyColumns | None = None
+
+
+def summarize_floats(floats: bytes | bytearray, steps: list[int]) -> list[list | None] | None:
+    """``[pyramid.column_summary]`` of one bucket's float64 column (``KeyColumns.float_piece``s;
+    ``steps``: its records' steps), by the compiled scanner; ``None`` when a value is not finite."""
+    return _native_scanner().bucket_summaries(floats, steps, 0, 1, len(steps))  # type: ignore[union-attr]
+
+
+def _missing_row() -> bytes:
+    """One float64 ``MISSING_BITS`` (``columns.MISSING``), as the scanner writes it."""
+    return struct.pack("<Q", _native_scanner().MISSING_BITS)  # type: ignore[union-attr]
 
 
 def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,

@@ -4,9 +4,11 @@ Building is batched for speed: step records are held in the *open bucket* as dec
 is summarized a column at a time with C builtins (``sorted``/``index``) when it closes (see
 benchmarks/README.md for the speed); the whole buckets that a batch read by the compiled line
 scanner fills are summarized from its float64 columns without passing through the open bucket
-(``KeyColumns.bucket_summaries``, the same summaries). Only the few records that may carry marks (a
-``true`` flag, a non-finite value: ``parse.ParsedLines.check``) are looked at one by one. Non-finite
-values and flagged steps (spike, skipped, nonfinite) are kept as *marks*, capped.
+(``KeyColumns.bucket_summaries``, the same summaries), and an open bucket filled by such batches
+keeps their float64 pieces instead of lists, summarized by the scanner too (``summarize_floats``).
+Only the few records that may carry marks (a ``true`` flag, a non-finite value:
+``parse.ParsedLines.check``) are looked at one by one. Non-finite values and flagged steps (spike,
+skipped, nonfinite) are kept as *marks*, capped.
 
 Pure data structure: no I/O.
 """
@@ -20,7 +22,7 @@ from operator import le
 from typing import Any, Optional
 
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES, OVERFLOW_REASON
-from gradmon.server.parse import KeyColumns
+from gradmon.server.parse import KeyColumns, summarize_floats
 from gradmon.server.pyramid import BUCKET, Pyramid, Summary, column_summary
 from gradmon.server.values import FAST_TYPES, number
 
@@ -70,10 +72,14 @@ class StepSeries:
         # here is read from the bucket's records. Not pickled: a restored index reads its records.
         self._ob_cols: dict[str, list] = {}
         self._ob_unchecked: set[str] = set()
+        # The open bucket's float64 values per series name (``KeyColumns.float_piece``), for the
+        # names whose every value in it the compiled scanner read: those have no list above, and
+        # the bucket's summary of them is the scanner's (``bucket_summaries``: column_summary's).
+        self._ob_floats: dict[str, bytearray] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        del state["_ob_cols"], state["_ob_unchecked"]
+        del state["_ob_cols"], state["_ob_unchecked"], state["_ob_floats"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -141,10 +147,21 @@ class StepSeries:
                                  [name for name, at in added.items() if at > c] if added else None)
                 self._ob_marked.add(len(ob) + c - i)
                 c = next(checks, -1)
-            obc = self._ob_cols
+            obc, obf = self._ob_cols, self._ob_floats
             if plain is None:
                 plain = [(name, columns.known_plain(name)) for name in names]
             for name, fast in plain:
+                floats = obf.get(name)
+                if floats is not None or not ob:  # (a name's floats start with its bucket)
+                    got = columns.float_piece(name, i, j)
+                    if got is not None:
+                        if floats is None:
+                            obf[name] = bytearray(got)
+                        else:
+                            floats += got
+                        continue
+                    if floats is not None:  # (a piece the scanner did not read: a list from here on)
+                        del obf[name]
                 col = obc.get(name)
                 if col is None:  # (a new field, or a restored index: the bucket's records have it)
                     col = obc[name] = list(map(dict.get, ob, repeat(name)))
@@ -275,8 +292,14 @@ class StepSeries:
         ordered = sorted(steps)  # (one C call: a run of increasing ints is sorted in one pass)
         out.lo = ordered[0]
         out.hi = ordered[-1]
-        cols = self._ob_cols if recs is self._ob_recs else {}
+        cols, floats = (self._ob_cols, self._ob_floats) if recs is self._ob_recs else ({}, {})
         for name in self.series_names():
+            if name in floats:
+                got = summarize_floats(floats[name], steps)
+                if got is not None:  # (else a non-finite value: summarized, and marked, below)
+                    if got[0] is not None:
+                        out.fields[name] = got[0]
+                    continue
             values = cols.get(name)
             checked = values is not None and name not in self._ob_unchecked  # plain ints/floats only
             if values is None:

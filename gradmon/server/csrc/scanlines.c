@@ -158,6 +158,9 @@ static const unsigned char *number(const unsigned char *p, const unsigned char *
         long long v = 0;
         for (const unsigned char *q = s + (*s == '-'); q < int_end; q++)
             v = v * 10 + (*q - '0');
+        if (v > (1LL << 53))
+            return NULL;  /* (two such integers may be one double: the float64 columns' min and max
+                           * would not be the ones Python's comparisons find) */
         *value = PyLong_FromLongLong(*s == '-' ? -v : v);
         *as_float = (double)(*s == '-' ? -v : v);  /* (correctly rounded, as float(int)) */
         *kind = T_INT;
