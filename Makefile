@@ -50,7 +50,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 # The suite on PYTEST_WORKERS processes (pytest-xdist), a test file per worker at a time, so that a
-# module's fixtures (an msrun launch, a trained run) are set up once: 990 -> 620 s on 2 cores.
+# module's fixtures (an msrun launch, a trained run) are set up once: pytest 990 -> 570-640 s on 2 cores.
 # `make test PYTEST_WORKERS=0` runs it in one process.
 PYTEST_WORKERS ?= 2
 PYTEST_PARALLEL = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile)
