@@ -111,7 +111,7 @@
           // A run list that caught up while this was on its way (the page opened during the
           // server's indexing) wants more points: taken, then asked for again (_refetchOutgrown
           // passes over a run whose first answer has not come: an empty run is exact).
-          if (!resp.exact && this.wantsFullResolution(name) && this._points(name) > points) L.requestLoad(st);
+          if (this._outgrown(name, resp.exact, points)) L.requestLoad(st);
           // Held at full resolution (every step kept as it streams in) only for exact smoothing.
           run.cap = resp.exact && this.wantsFullResolution(name) ? this.fullResMax : L.DEFAULT_CAP;
           run.loadHistory(resp, this.state.runsInfo.get(name));
@@ -197,10 +197,12 @@
      * a start), or the run has grown. A run with no whole-history request (a replay) is left alone.
      */
     _refetchOutgrown() {
-      for (const run of this.hooks.shown()) {
-        const asked = this.askedPoints.get(run.name);
-        if (asked !== undefined && !run.exact && this.wantsFullResolution(run.name) && this._points(run.name) > asked) this.load(run.name);
-      }
+      for (const run of this.hooks.shown()) if (this._outgrown(run.name, run.exact, this.askedPoints.get(run.name))) this.load(run.name);
+    }
+
+    /** Whether a whole history asked for with `asked` points (undefined: none), `exact` or not, is short of what the run list now wants. */
+    _outgrown(name, exact, asked) {
+      return asked !== undefined && !exact && this.wantsFullResolution(name) && this._points(name) > asked;
     }
 
     /**
