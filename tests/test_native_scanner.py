@@ -125,7 +125,57 @@ def _reads(line: bytes):
 @given(st.integers(0, 2**32), st.integers(0, 40))
 def test_every_line_the_scanner_decides_is_what_orjson_and_the_stdlib_read(seed, n):
     rng = random.Random(seed)
-    texts = [_line(rng) for _ in range(n)]
+    _check_scan([_line(rng) for _ in range(n)])
+
+
+# Value tokens that are prefixes of one another, or the same text as another kind (a string "true"):
+# the scanner takes a token that is the bytes of the last step record's token for the key as the
+# same value, and must tell these apart.
+_ALIKE = ["1", "12", "1.0", "1.0e5", "1.05", "0.1", "0.10", "-1", "-1.5", "0", "-0", '"a"', '"ab"', '"a b"',
+          "true", "false", "null", '"true"', '"step"', "1e999", '"xNaN"', "[1]", "01", "1.",
+          "9007199254740993"]
+
+
+def _alike_line(rng: random.Random) -> bytes:
+    keys = ["step", "a", "b", "c"]
+    if rng.random() < 0.2:
+        rng.shuffle(keys)
+    if rng.random() < 0.2:
+        keys.remove(rng.choice(keys))
+    keys.insert(0 if rng.random() < 0.8 else len(keys), "type")
+    colon, comma = rng.choice([(":", ","), (": ", ", "), (":\t", " ,")])
+    parts = []
+    for k in keys:
+        v = (rng.choice(['"step"'] * 9 + ['"event"']) if k == "type" else str(rng.randrange(3)) if k == "step"
+             else rng.choice(_ALIKE[:4] if rng.random() < 0.5 else _ALIKE))
+        parts.append(f'"{k}"{colon}{v}')
+    return ("{" + comma.join(parts) + rng.choice(["}", "}", " }"])).encode()
+
+
+@needs_scanner
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 30))
+def test_a_token_like_the_last_one_is_read_for_itself(seed, n):
+    rng = random.Random(seed)
+    _check_scan([_alike_line(rng) for _ in range(n)])
+
+
+@needs_scanner
+def test_tokens_after_the_same_text_are_each_read():
+    values = ["1", "12", "1", "1.0", "1.0e5", "1.05", "1.05", "0.1", "0.10", '"a"', '"ab"', '"a"', "true",
+              '"true"', "true", "null", "0", "-0", "-0", "-1", "-1.5"]
+    texts = [f'{{"type":"step","step":{i},"v":{v}}}'.encode() for i, v in enumerate(values)]
+    records = native.scanner().scan_steps(texts)[0]
+    assert [r["v"] for r in records] == [json.loads(v) for v in values]
+    assert [type(r["v"]) for r in records] == [type(json.loads(v)) for v in values]
+    assert math.copysign(1, records[17]["v"]) == 1 and repr(records[18]["v"]) == "0"  # ("-0" is the int 0)
+    _check_scan(texts)
+
+
+def _check_scan(texts: list[bytes | None]) -> None:
+    """What the scanner makes of ``texts`` is what orjson, the standard library, ``KeyColumns`` and the
+    sidecar's reading make of the lines it decides."""
+    n = len(texts)
     records, undecided, columns, types, floats, steps, not_steps = native.scanner().scan_steps(list(texts))
     assert len(records) == n
     assert not_steps == [i for i, r in enumerate(records) if r is None]

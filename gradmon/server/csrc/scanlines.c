@@ -45,6 +45,13 @@ typedef struct {
     Py_ssize_t seen;        /* the line that last had this key (a repeated key: undecided) */
     int mask;
     double *floats;         /* the column as float64s (MISSING where no number), as column */
+    /* The value token of the last step record that had this key, and what it was read as: the
+     * same bytes again are the same value (a constant lr, epoch, loss scale...), not parsed again. */
+    const unsigned char *last_tok;
+    Py_ssize_t last_len;
+    PyObject *last_val;     /* borrowed: column holds it */
+    double last_num;
+    int last_kind;
 } Entry;
 
 typedef struct {
@@ -62,6 +69,7 @@ static double missing(void) {
 }
 
 #define IS_WS(c) ((c) == ' ' || (c) == '\t' || (c) == '\r')
+#define ENDS_VALUE(c) (IS_WS(c) || (c) == ',' || (c) == '}')
 
 /* A string's span (after the opening quote) up to its closing quote; -1 when not plain. */
 static Py_ssize_t plain_string(const unsigned char *p, const unsigned char *end) {
@@ -104,6 +112,8 @@ static Entry *find_key(Table *t, const char *name, Py_ssize_t len, Py_ssize_t hi
     e->seen = -1;
     e->mask = 0;
     e->floats = NULL;
+    e->last_tok = NULL;
+    e->last_len = 0;
     return e;
 }
 
@@ -233,8 +243,8 @@ static const unsigned char *number(const unsigned char *p, const unsigned char *
 
 /* Scan one line: 1 decided (fields in ents/vals, *nf of them, *is_step set), 0 undecided, -1 error. */
 static int scan_line(Table *t, const unsigned char *p, const unsigned char *end, Py_ssize_t line,
-                     Entry **ents, PyObject **vals, int *kinds, double *nums, int *nf, int *is_step,
-                     Entry **order, int norder) {
+                     Entry **ents, PyObject **vals, int *kinds, double *nums, const unsigned char **toks,
+                     Py_ssize_t *tlens, int *nf, int *is_step, Entry **order, int norder) {
     int has_type = 0;
     *nf = 0;
     *is_step = 0;
@@ -272,8 +282,16 @@ static int scan_line(Table *t, const unsigned char *p, const unsigned char *end,
         PyObject *v = NULL;
         int kind = 0;
         double num = missing();
+        const unsigned char *tok = p;
         unsigned char c = *p;
-        if (c == '"') {
+        Py_ssize_t last = e->last_len;
+        if (e->last_tok != NULL && end - p > last && ENDS_VALUE(p[last]) && memcmp(p, e->last_tok, last) == 0) {
+            v = e->last_val;  /* (the token ends where the last one did: the same JSON value) */
+            Py_INCREF(v);
+            kind = e->last_kind;
+            num = e->last_num;
+            p += last;
+        } else if (c == '"') {
             p++;
             Py_ssize_t slen = plain_string(p, end);
             if (slen < 0)
@@ -287,10 +305,6 @@ static int scan_line(Table *t, const unsigned char *p, const unsigned char *end,
                     return -1;
             }
             kind = T_STR;
-            if (e->len == 4 && memcmp(e->name, "type", 4) == 0) {
-                has_type = 1;
-                *is_step = v == STEP;
-            }
             p += slen + 1;
         } else if (c == 't' && end - p >= 4 && memcmp(p, "true", 4) == 0) {
             v = Py_True; Py_INCREF(v); kind = T_BOOL; p += 4;
@@ -305,12 +319,16 @@ static int scan_line(Table *t, const unsigned char *p, const unsigned char *end,
         } else {
             return 0;  /* nested, or not JSON */
         }
-        if (e->len == 4 && memcmp(e->name, "type", 4) == 0 && kind != T_STR)
-            has_type = 1;  /* a type that is no string: another kind of record */
+        if (e->len == 4 && memcmp(e->name, "type", 4) == 0) {
+            has_type = 1;  /* (a type that is no string: another kind of record) */
+            *is_step = v == STEP;
+        }
         ents[*nf] = e;
         vals[*nf] = v;
         kinds[*nf] = kind;
         nums[*nf] = num;
+        toks[*nf] = tok;
+        tlens[*nf] = p - tok;
         (*nf)++;
         while (p < end && IS_WS(*p))
             p++;
@@ -366,6 +384,8 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
     PyObject **vals = PyMem_Malloc(sizeof(PyObject *) * MAX_FIELDS);
     int *kinds = PyMem_Malloc(sizeof(int) * MAX_FIELDS);
     double *nums = PyMem_Malloc(sizeof(double) * MAX_FIELDS);
+    const unsigned char **toks = PyMem_Malloc(sizeof(unsigned char *) * MAX_FIELDS);
+    Py_ssize_t *tlens = PyMem_Malloc(sizeof(Py_ssize_t) * MAX_FIELDS);
     PyObject *records = PyList_New(n);
     PyObject *undecided = PyList_New(0);
     PyObject *steps = PyList_New(0);
@@ -374,7 +394,7 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
     int norder = 0;
     Py_ssize_t rows = 0;
     PyObject *prev = NULL;  /* the last step record (borrowed from records) */
-    if (t == NULL || ents == NULL || order == NULL || vals == NULL || kinds == NULL || nums == NULL || records == NULL ||
+    if (t == NULL || ents == NULL || order == NULL || vals == NULL || kinds == NULL || nums == NULL || toks == NULL || tlens == NULL || records == NULL ||
         undecided == NULL || steps == NULL || not_steps == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -386,7 +406,8 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
         int nf = 0, is_step = 0, got = 0;
         if (PyBytes_Check(item)) {
             const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(item);
-            got = scan_line(t, p, p + PyBytes_GET_SIZE(item), i, ents, vals, kinds, nums, &nf, &is_step, order, norder);
+            got = scan_line(t, p, p + PyBytes_GET_SIZE(item), i, ents, vals, kinds, nums, toks, tlens, &nf, &is_step,
+                            order, norder);
         }
         if (got < 0) {
             release(vals, nf);
@@ -414,7 +435,8 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
         }
         for (int k = 0; k < nf; k++) {
             Entry *e = ents[k];
-            if (PyDict_SetItem(rec, e->key, vals[k]) < 0)
+            /* (a copy of the record before already holds a value read again from its token) */
+            if (!(same && vals[k] == e->last_val) && PyDict_SetItem(rec, e->key, vals[k]) < 0)
                 goto fail_line;
             if (e->column == NULL) {  /* (at most one value per line: n float64s hold the column) */
                 if ((e->column = PyList_New(0)) == NULL)
@@ -429,6 +451,11 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
             e->floats[rows] = nums[k];
             e->filled = rows + 1;
             e->mask |= kinds[k];
+            e->last_tok = toks[k];
+            e->last_len = tlens[k];
+            e->last_val = vals[k];
+            e->last_num = nums[k];
+            e->last_kind = kinds[k];
             order[k] = e;
         }
         norder = nf;
@@ -482,6 +509,8 @@ done:
     PyMem_Free(vals);
     PyMem_Free(kinds);
     PyMem_Free(nums);
+    PyMem_Free(toks);
+    PyMem_Free(tlens);
     Py_XDECREF(records);
     Py_XDECREF(undecided);
     Py_XDECREF(steps);
