@@ -91,7 +91,7 @@ def _events_one_by_one(config: AlarmConfig, recs: list[dict]) -> list[tuple[int,
     rule, out = AlarmRule(config), []
     for i, rec in enumerate(recs):
         out += [(i, e) for e in rule.update(readable(rec))]  # (huge integers read as infinite)
-    return out + [(len(recs), e) for e in rule.finish()]
+    return out + [(len(recs), e) for e in rule.finish()] + [(-1, (rule.norm_scale, rule.loss_scale))]
 
 
 def _events_batched(config: AlarmConfig, recs: list[dict], rng: random.Random) -> list[tuple[int, dict]]:
@@ -106,7 +106,7 @@ def _events_batched(config: AlarmConfig, recs: list[dict], rng: random.Random) -
             j += 1
         out += [(i + k, e) for k, e in rule.update_steps(recs[i:j])]
         i = j
-    return out + [(len(recs), e) for e in rule.finish()]
+    return out + [(len(recs), e) for e in rule.finish()] + [(-1, (rule.norm_scale, rule.loss_scale))]
 
 
 CONFIGS = [AlarmConfig(), AlarmConfig(window=10, min_history=3, quiet_steps=5, overflow_proven_steps=5),
