@@ -40,7 +40,8 @@ typedef struct {
     const char *name;       /* the key's bytes, inside a line of the batch (alive for the call) */
     Py_ssize_t len;
     PyObject *key;          /* str */
-    PyObject *column;       /* list of the step records' values, NULL until a step record has it */
+    PyObject *column;       /* list of the step records' values, NULL until a step record has it
+                             * (made with a slot for every line, cut to the step records at the end) */
     Py_ssize_t filled;      /* rows of column written */
     Py_ssize_t seen;        /* the line that last had this key (a repeated key: undecided) */
     int mask;
@@ -346,15 +347,14 @@ static int scan_line(Table *t, const unsigned char *p, const unsigned char *end,
     }
 }
 
-static int backfill(Entry *e, Py_ssize_t rows) {
+static void backfill(Entry *e, Py_ssize_t rows) {
     while (e->filled < rows) {
-        if (PyList_Append(e->column, Py_None) < 0)
-            return -1;
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(e->column, e->filled, Py_None);
         e->floats[e->filled] = missing();
         e->filled++;
         e->mask |= T_NONE;
     }
-    return 0;
 }
 
 static void release(PyObject **vals, int nf) {
@@ -438,16 +438,17 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
             /* (a copy of the record before already holds a value read again from its token) */
             if (!(same && vals[k] == e->last_val) && PyDict_SetItem(rec, e->key, vals[k]) < 0)
                 goto fail_line;
-            if (e->column == NULL) {  /* (at most one value per line: n float64s hold the column) */
-                if ((e->column = PyList_New(0)) == NULL)
+            if (e->column == NULL) {  /* (at most one value per line: n slots hold the column) */
+                if ((e->column = PyList_New(n)) == NULL)
                     goto fail_line;
                 if ((e->floats = PyMem_Malloc(sizeof(double) * (size_t)(n > 0 ? n : 1))) == NULL) {
                     PyErr_NoMemory();
                     goto fail_line;
                 }
             }
-            if (backfill(e, rows) < 0 || PyList_Append(e->column, vals[k]) < 0)
-                goto fail_line;
+            backfill(e, rows);
+            Py_INCREF(vals[k]);
+            PyList_SET_ITEM(e->column, rows, vals[k]);
             e->floats[rows] = nums[k];
             e->filled = rows + 1;
             e->mask |= kinds[k];
@@ -483,7 +484,9 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
         Entry *e = &t->entries[k];
         if (e->column == NULL)
             continue;
-        if (backfill(e, rows) < 0 || PyDict_SetItem(columns, e->key, e->column) < 0)
+        backfill(e, rows);
+        /* (the slots past the step records are empty: list_ass_slice lets go of NULLs) */
+        if (PyList_SetSlice(e->column, rows, n, NULL) < 0 || PyDict_SetItem(columns, e->key, e->column) < 0)
             goto done;
         PyObject *mask = PyLong_FromLong(e->mask);
         if (mask == NULL || PyDict_SetItem(types, e->key, mask) < 0) {
