@@ -10,6 +10,7 @@ conditions with deadlines, never on sleeps.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,31 @@ def test_zoom_fetches_full_resolution_of_a_downsampled_run(logdir: Path, browser
         assert p.errors == []
     finally:
         p.close()
+
+
+def test_a_run_whose_log_is_still_being_read_says_how_far(logdir: Path, page: Page) -> None:
+    # A big run's first index takes a while (a minute for 10M steps): until it is done its curves end
+    # at the last step read, and the run table says so ("reading NN%", the sizes in its title), then
+    # shows the run's status. (The server reads 512 bytes a tick here: seconds for ~7 MB.)
+    log = logdir / "big" / "metrics.jsonl"
+    append(log, [header()] + [step(s) for s in range(1, 40_001)])
+    badge = "document.querySelector(\"#runs-table tr[data-run='big'] .status\")"
+    with start_server(logdir, "127.0.0.1", port=0, poll_max_bytes=512, progress_interval=0.05) as server:
+        page.page.goto(server.url)
+        first = page.wait(f"{badge} && /^reading [0-9]+%$/.test({badge}.textContent) && {badge}.textContent")
+        assert page.eval(f"{badge}.className") == "status status-indexing"
+        title = page.eval(f"{badge}.title")
+        size_mb = log.stat().st_size / 1e6  # (the page's sizes: 3 significant digits, decimal units)
+        assert re.search(rf"still reading this run's log: [0-9.]+ [kM]?B of {size_mb:.3g} MB\. "
+                         r".* \(step [0-9]+ so far\)", title), title
+        later = page.wait(f"/^reading [0-9]+%$/.test({badge}.textContent) && {badge}.textContent !== "
+                          f"{first!r} && {badge}.textContent", 60)
+        assert int(later.split()[1][:-1]) > int(first.split()[1][:-1])  # it moves on
+        page.wait(f"{badge}.textContent === 'live'", 120)  # read: the run's status
+        assert page.eval(f"[{badge}.className, {badge}.title]") == ["status status-live", ""]
+        page.wait("window.gradmon.state.runsInfo.get('big').last_step === 40000"
+                  " && window.gradmon.state.runs.get('big').lastStep === 40000")
+    assert page.errors == []
 
 
 def test_every_run_shown_on_open_and_selection_kept_in_the_url(logdir: Path, page: Page) -> None:

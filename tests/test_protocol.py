@@ -36,11 +36,12 @@ def test_run_info_has_the_documented_keys(tmp_path):
     info = run.info()
     documented = {"name", "status", "records", "last_step", "first_ts", "last_ts", "header", "fields",
                   "cursor"}
-    added = {"malformed", "eval_fields", "system_fields", "indexing"}
+    added = {"malformed", "eval_fields", "system_fields", "indexing", "file_bytes"}
     assert set(info) == documented | added
     assert info["status"] == "live" and info["records"] == 4 and info["last_step"] == 3
     assert info["fields"] == ["loss", "grad_norm"]
     assert info["cursor"] == {"gen": run.gen, "offset": path.stat().st_size}
+    assert info["file_bytes"] == path.stat().st_size and info["indexing"] is False
     json.loads(dumps(info))  # serialisable
 
 

@@ -357,6 +357,57 @@ def test_the_run_list_is_pushed_again_when_the_backlog_is_read(logdir):
         asyncio.run(main())
 
 
+def test_while_a_backlog_is_read_clients_learn_how_far_it_has_come(logdir):
+    # A big run's first index takes a while (a minute for 10M steps): its curves end where the
+    # reading is, and the page says how far that is from the run's entry and `indexing` messages.
+    path = make_run(logdir, "exp1", 20_000)  # ~2 MB, read 256 bytes per tick: many ticks
+    size = path.stat().st_size
+    interval = 0.05
+    with _server(logdir, poll_max_bytes=256, progress_interval=interval) as h:
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                (info,) = (await recv_json(ws))["runs"]
+                assert info["indexing"] is True and info["file_bytes"] == size
+                assert 0 < info["cursor"]["offset"] < size
+                seen = []
+                await recv_until(ws, lambda m: m["type"] == "lagged", seen=seen, timeout=60)
+                sent = [m["runs"] for m in seen if m["type"] == "indexing"]
+                assert len(sent) >= 3 and all(len(runs) == 1 for runs in sent)
+                progress = [runs[0] for runs in sent]
+                assert {(p["name"], p["file_bytes"]) for p in progress} == {("exp1", size)}
+                offsets = [p["offset"] for p in progress]
+                assert offsets == sorted(offsets) and offsets[0] < offsets[-1] < size  # moving, not done
+                for p in progress:  # each says what was indexed up to its offset: the header and steps
+                    assert p["records"] == p["last_step"] + 1
+                    assert 0 < p["last_step"] < 20_000
+                # none once the backlog is read: the run's entry says the rest
+                _, entry = get_json(h.port, "/api/runs/exp1")
+                assert entry["indexing"] is False and entry["cursor"]["offset"] == entry["file_bytes"] == size
+        asyncio.run(main())
+
+
+def test_indexing_messages_are_paced(logdir):
+    make_run(logdir, "exp1", 60_000)  # ~6 MB at 256 bytes per tick: seconds of indexing
+    interval = 0.3
+    with _server(logdir, poll_max_bytes=256, progress_interval=interval) as h:
+        async def main():
+            async with connect(_ws_url(h)) as ws:
+                await recv_json(ws)  # hello
+                arrived = []
+                while True:
+                    msg = await recv_json(ws, 60)
+                    if msg["type"] == "lagged":
+                        break
+                    if msg["type"] == "indexing":
+                        arrived.append((time.monotonic(), msg["runs"][0]["offset"]))
+                assert len(arrived) >= 2
+                span = arrived[-1][0] - arrived[0][0]
+                # sent at least `interval` apart: n messages span at least (n - 1) intervals, less
+                # what delivery can shorten (the first delayed, the last not)
+                assert span >= (len(arrived) - 1) * interval - 0.2, (span, len(arrived))
+        asyncio.run(main())
+
+
 class _GatedPool:
     """A worker pool whose calls wait for the test to open the gate (then run in the caller's thread)."""
 

@@ -26,6 +26,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from gradmon.server.hub import (
     CLIENT_QUEUE_BYTES,
     Client,
     dumps,
+    indexing_message,
     lagged_message,
     records_message,
     reset_message,
@@ -60,6 +62,9 @@ DISCOVER_INTERVAL_S = 1.0
 POLL_MAX_BYTES = 64 << 10  # per run per tick: bounds each slice of the loop's work on a backlog
 WARM_DELAY_S = 0.5  # after listening, the history worker starts (see GradmonServer._warm_workers)
 MAX_WS_MESSAGE = 256 << 10  # client → server frames; anything bigger closes that connection (1009)
+# While a backlog is read (a big run's first index: a minute for 10M steps), the pages learn how far
+# it has come this often: its curves end where the reading is, and the page says so.
+INDEXING_PROGRESS_S = 1.0
 
 
 class GradmonServer:
@@ -70,7 +75,7 @@ class GradmonServer:
                  discover_interval: float = DISCOVER_INTERVAL_S, static_dir: Path | None = None,
                  client_queue_bytes: int = CLIENT_QUEUE_BYTES, poll_max_bytes: int = POLL_MAX_BYTES,
                  workers: WorkerPool | None = None, alerts: Any | None = None,
-                 index_sidecars: bool = True) -> None:
+                 index_sidecars: bool = True, progress_interval: float = INDEXING_PROGRESS_S) -> None:
         self.root = os.path.realpath(os.fspath(logdir))
         self.host = host
         self.port = port
@@ -79,11 +84,13 @@ class GradmonServer:
         self.discover_interval = discover_interval
         self.client_queue_bytes = client_queue_bytes
         self.poll_max_bytes = poll_max_bytes
+        self.progress_interval = progress_interval
         self.workers = workers if workers is not None else shared_pool()
         self.index_sidecars = index_sidecars  # keep each run's index beside its log (sidecar.py)
         self.http = HttpRoutes(self, static_dir)
         self.runs: dict[str, Run] = {}
         self._announced: set[str] = set()  # runs listed to clients (their file has a complete line)
+        self._progress_sent = -float("inf")  # (monotonic) when the last ``indexing`` message went out
         self.sessions = Sessions(self)
         self._tasks: list[asyncio.Task] = []
         self._server: Any = None
@@ -192,6 +199,8 @@ class GradmonServer:
                 self.alerts.feed(run.name, batch.records, replay=was_indexing)
         elif run.name not in self._announced and run.gen is not None:
             self._announce(run, Position(run.gen, 0))
+        if run.indexing and run.name in self._announced:
+            self._send_progress()
         if was_indexing and not run.indexing:
             for c in self.sessions.clients:
                 stream = c.streams.get(run.name)
@@ -203,6 +212,19 @@ class GradmonServer:
             if run.name in self._announced:
                 self._broadcast_runs()
         return more and not run.waiting  # (a slice still on the disk: the next tick, not at once)
+
+    def _send_progress(self) -> None:
+        """Tell every client how far the backlogs being read have come: at most once per
+        ``progress_interval`` (the runs' entries say the rest when each backlog ends)."""
+        now = time.monotonic()
+        if now - self._progress_sent < self.progress_interval or not self.sessions.clients:
+            return
+        self._progress_sent = now
+        progress = [run.progress() for name in sorted(self._announced)
+                    if (run := self.runs.get(name)) is not None and run.indexing]
+        msg = indexing_message(progress)
+        for c in self.sessions.clients:
+            c.push(msg)
 
     def _announce(self, run: Run, start: Position) -> None:
         """List a run to every client (``runs``); each streams it from ``start``."""

@@ -26,8 +26,8 @@ from gradmon.logformat.jsonl import to_jsonable
 from gradmon.server.stream import Position, RunStream
 
 __all__ = [
-    "BAD_MESSAGE_BURST", "CLIENT_QUEUE_BYTES", "DIRECT_WRITE_LIMIT", "Client", "dumps", "lagged_message",
-    "records_message", "reset_message",
+    "BAD_MESSAGE_BURST", "CLIENT_QUEUE_BYTES", "DIRECT_WRITE_LIMIT", "Client", "dumps", "indexing_message",
+    "lagged_message", "records_message", "reset_message",
 ]
 
 CLIENT_QUEUE_BYTES = 8 << 20  # per-client backlog before it is dropped (lagged)
@@ -51,6 +51,11 @@ def reset_message(run: str, at: Position) -> str:
 
 def lagged_message(run: str, at: Position) -> str:
     return dumps({"type": "lagged", "run": run, "cursor": at.cursor()})
+
+
+def indexing_message(progress: list[dict[str, Any]]) -> str:
+    """How far the server has read the runs whose backlog it is still reading (``Run.progress``)."""
+    return dumps({"type": "indexing", "runs": progress})
 
 
 def records_message(run: str, gen: str | None, prev: int, cursor: int, lines: list[bytes]) -> str:

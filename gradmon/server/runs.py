@@ -240,7 +240,14 @@ class Run:
         out.update(self.index.summary())
         out["cursor"] = self.cursor()
         out["indexing"] = self.indexing
+        out["file_bytes"] = self.tailer.size
         return out
+
+    def progress(self) -> dict[str, Any]:
+        """How far the reading of the run's file has come (an ``indexing`` message's entry): the
+        bytes read (``offset``) of ``file_bytes``, the records and the last step indexed so far."""
+        return {"name": self.name, "offset": self.tailer.offset, "file_bytes": self.tailer.size,
+                "records": self.index.records, "last_step": self.index.steps.last_step}
 
     def poll(self, max_bytes: int = 4 << 20) -> tuple[bool, Batch | None, bool]:
         """Read what was appended. Returns ``(reset, batch, more)``: ``reset`` when the file was

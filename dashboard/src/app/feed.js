@@ -11,7 +11,8 @@
   class Feed {
     /**
      * state: the page's state ({mode, runs, streams, runsInfo, ...}). hooks: {changed(), streamed()
-     * (records of a followed run applied), setRunsInfo(list), notice(text, isError), historyPoints(), smoothing(), xMode(), shown() ->
+     * (records of a followed run applied), setRunsInfo(list), indexingProgress(list) (how far the
+     * server has read the runs it is indexing), notice(text, isError), historyPoints(), smoothing(), xMode(), shown() ->
      * [RunData], namedRuns() -> the runs the URL names (null: the default selection), onConnection(s), token}.
      */
     constructor(state, hooks) {
@@ -152,6 +153,9 @@
           break;
         case "records":
           this._records(st, msg);
+          break;
+        case "indexing":
+          this.hooks.indexingProgress(msg.runs || []);
           break;
         case "reset": {
           const act = L.resetAction(st, msg);

@@ -109,6 +109,21 @@
     updateSelection();
   }
 
+  /**
+   * How far the server has read the runs it is still indexing (an `indexing` message: [{name, offset,
+   * file_bytes, records, last_step}]): their entries follow it, and the run table shows it (the
+   * entries' `indexing` ends with the server's next run list).
+   */
+  function indexingProgress(list) {
+    for (const p of list) {
+      const info = state.runsInfo.get(p.name);
+      if (!info || !info.indexing) continue;
+      info.cursor = Object.assign({}, info.cursor, { offset: p.offset });
+      Object.assign(info, { file_bytes: p.file_bytes, records: p.records, last_step: p.last_step });
+    }
+    if (table) table.refresh();
+  }
+
   /** The selection from the view (or the default: the newest runs), and the runs followed for it. */
   function updateSelection() {
     const infos = Array.from(state.runsInfo.values());
@@ -349,6 +364,7 @@
       changed,
       streamed,
       setRunsInfo,
+      indexingProgress,
       notice(text, isError) {
         listed = true; // (a failed run list must not hold the first draw)
         setNotice(text, isError);

@@ -84,8 +84,9 @@
       const name = el("td", "run-name", info.name);
       name.title = runTitle(info);
       name.addEventListener("click", () => this.app.onToggle(info.name, !this.app.isSelected(info.name)));
-      const status = el("td");
-      status.appendChild(el("span", "status status-" + info.status, info.status));
+      const status = el("td", "run-status");
+      status.appendChild(el("span"));
+      setStatus(status.firstChild, info);
       tr.append(td0, name, status, el("td", "num steps"), el("td", "num last-loss"), el("td", "num last-norm"));
       for (const c of cols) {
         const td = el("td", c.differs ? "cfg differs" : "cfg", L.configText(config[c.key]));
@@ -113,6 +114,7 @@
         const name = tr.dataset.run;
         const run = this.app.run(name);
         const info = infos.get(name);
+        if (info) setStatus(tr.querySelector(".run-status > span"), info); // (a run being read: how far)
         const last = run && run.lastStep !== null ? run.lastStep : info && info.last_step !== undefined ? info.last_step : null;
         setText(tr.querySelector(".steps"), last === null || last === undefined ? "—" : String(last));
         setText(tr.querySelector(".last-loss"), run ? L.formatValue(run.lastValue("loss")) : "—");
@@ -123,6 +125,16 @@
 
   function setText(node, text) {
     if (node && node.textContent !== text) node.textContent = text;
+  }
+
+  /** The status badge of a run (lib/runstatus.js), changed only where it differs. */
+  function setStatus(span, info) {
+    if (!span) return;
+    const s = L.runStatus(info);
+    const cls = "status status-" + s.cls;
+    if (span.className !== cls) span.className = cls;
+    setText(span, s.text);
+    if (span.title !== s.title) span.title = s.title;
   }
 
   function runTitle(info) {
