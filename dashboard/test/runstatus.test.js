@@ -11,7 +11,7 @@ test("a run's status; while the server reads its log, how far (never 100 % befor
   const s = R.runStatus(reading);
   assert.equal(s.text, "reading 33%");
   assert.equal(s.cls, "indexing");
-  assert.match(s.title, /still reading this run's log: 680 MB of 2\.04 GB\. Its curves end at the last step read \(step 3335000 so far\)/);
+  assert.match(s.title, /still reading this run's log: 680 MB of 2\.04 GB \(up to step 3335000 so far\)\. Its curves show what had been read/);
   assert.equal(R.runStatus({ ...reading, cursor: { offset: 2037.9e6 } }).text, "reading 99%"); // (floor, capped)
   assert.equal(R.runStatus({ ...reading, cursor: { offset: 0 } }).text, "reading 0%");
   // an entry without the sizes (another server's): reading, no percentage
