@@ -63,7 +63,7 @@ POLL_MAX_BYTES = 64 << 10  # per run per tick: bounds each slice of the loop's w
 WARM_DELAY_S = 0.5  # after listening, the history worker starts (see GradmonServer._warm_workers)
 MAX_WS_MESSAGE = 256 << 10  # client → server frames; anything bigger closes that connection (1009)
 # While a backlog is read (a big run's first index: a minute for 10M steps), the pages learn how far
-# it has come this often: its curves end where the reading is, and the page says so.
+# it has come this often (their curves hold only what had been read when fetched; the page says so).
 INDEXING_PROGRESS_S = 1.0
 
 
