@@ -1,5 +1,5 @@
 """The history answer's fast paths give what the general code gives: strict JSON in one C call
-(``responses.strict_json``, events spliced in encoded), merging a few points into a series by
+(``jsontext.strict_json``, events spliced in encoded), merging a few points into a series by
 insertion (``readback.merge_series``), and a pyramid plan's points read per level from the
 stored columns (``Level.extend_points``) rather than summary by summary, and the series encoded by
 orjson (``history._series_json``) as the stdlib encodes them."""
@@ -17,12 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_helpers import index_of
 
-from gradmon.server import history, query, responses
-from gradmon.server.hub import dumps
+from gradmon.server import history, jsontext, query
 from gradmon.server.index import RunIndex
+from gradmon.server.jsontext import dumps, json_body, strict_json
 from gradmon.server.pyramid import FANOUT, Pyramid, Summary
 from gradmon.server.readback import _unkey, _values_key, merge_series
-from gradmon.server.responses import json_body, strict_json
 
 _numbers = st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True))
 _json = st.recursive(
@@ -34,7 +33,7 @@ _json = st.recursive(
 
 @settings(max_examples=300, deadline=None)
 @given(_json)
-def test_strict_json_is_hub_dumps(value):
+def test_strict_json_is_dumps(value):
     assert strict_json(value) == dumps(value)
 
 
@@ -215,7 +214,7 @@ def test_a_history_answer_is_the_same_with_orjson_or_without(tmp_path, monkeypat
     bodies = {}
     for label in ("orjson", "stdlib"):
         if label == "stdlib":
-            monkeypatch.setattr(responses, "_orjson_dumps", None)
+            monkeypatch.setattr(jsontext, "_orjson_dumps", None)
         for span in ((None, None), (400, 600), (1, 2999)):
             job = build_job(run, HistoryOptions(200, *span))
             if label == "orjson":  # (the series took the orjson path)

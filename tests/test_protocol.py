@@ -8,7 +8,8 @@ import math
 
 from server_helpers import make_run
 
-from gradmon.server.hub import Client, dumps, records_message
+from gradmon.server.hub import Client, records_message
+from gradmon.server.jsontext import dumps
 from gradmon.server.runs import Run
 from gradmon.server.stream import Action, RunStream
 

@@ -105,3 +105,13 @@ def test_early_calls_run_here_until_a_worker_is_up_then_in_it(pool):
     assert pid != os.getpid()
     assert pool.call(worker.process_id, None, early=True) == pid
     assert pool.call(worker.process_id, None) == pid
+
+
+def test_a_worker_answers_without_importing_the_network_stack(pool, tmp_path):
+    # Its start competes with a restarted server's first answers for the CPU: it imports the pure
+    # parts only (jsontext.py, targets.py), not websockets nor asyncio (~30 % of its start).
+    job = _job(tmp_path, points=40)
+    assert pool.call(answer, job) == answer(job)
+    loaded = pool.call(worker.loaded_modules, None)
+    assert "gradmon.server.history" in loaded
+    assert not [m for m in loaded if m.split(".")[0] in ("websockets", "asyncio")]

@@ -22,12 +22,13 @@ from typing import Any
 from gradmon.logformat.jsonl import to_jsonable
 from gradmon.server.columns import MISSING, series_from_columns
 from gradmon.server.index import IndexSnapshot
+from gradmon.server.jsontext import finite_json, json_body
 from gradmon.server.query import HistoryPlan
 from gradmon.server.readback import Series, merge_series, series_from_lines
-from gradmon.server.responses import HttpError, finite_json, int_param, json_body
 from gradmon.server.sidecar import ColumnsRef, read_rows
 from gradmon.server.steps import Mark
 from gradmon.server.tail import read_lines
+from gradmon.server.targets import HttpError, int_param
 
 __all__ = [
     "DEFAULT_POINTS", "MAX_POINTS", "HistoryJob", "HistoryOptions", "add_marks", "answer", "answer_series",

@@ -16,13 +16,12 @@ back while the run is indexed.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import deque
 from collections.abc import Awaitable
 from typing import Any, Callable
 
-from gradmon.logformat.jsonl import to_jsonable
+from gradmon.server.jsontext import dumps
 from gradmon.server.stream import Position, RunStream
 
 __all__ = [
@@ -38,11 +37,6 @@ DIRECT_WRITE_LIMIT = 64 << 10
 # beyond, the connection is closed (1008): a client that keeps sending garbage costs nothing more.
 BAD_MESSAGE_BURST = 20
 BAD_MESSAGES_PER_S = 1.0
-
-
-def dumps(obj: Any) -> str:
-    """Strict JSON text (non-finite numbers as strings, never bare NaN)."""
-    return json.dumps(to_jsonable(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def reset_message(run: str, at: Position) -> str:

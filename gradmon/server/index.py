@@ -32,7 +32,7 @@ from typing import Any
 
 from gradmon.logformat.schema import NOT_SERIES
 from gradmon.server.derived import DerivedAlarms
-from gradmon.server.hub import dumps
+from gradmon.server.jsontext import dumps
 from gradmon.server.parse import KeyColumns, ParsedLines, parse_lines
 from gradmon.server.query import HistoryPlan, plan_history
 from gradmon.server.sampled import SampledSeries

@@ -18,17 +18,9 @@ from websockets.http11 import Request, Response
 
 from gradmon.server import auth
 from gradmon.server.history import HistoryOptions, answer, build_job
-from gradmon.server.responses import (
-    PAGE_CSP,
-    HttpError,
-    accepts_gzip,
-    content_type,
-    encoded_json_response,
-    json_response,
-    response,
-    safe_relpath,
-    split_target,
-)
+from gradmon.server.jsontext import accepts_gzip
+from gradmon.server.responses import PAGE_CSP, content_type, encoded_json_response, json_response, response
+from gradmon.server.targets import HttpError, safe_relpath, split_target
 
 if TYPE_CHECKING:
     from gradmon.server.runs import Run

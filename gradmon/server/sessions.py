@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from gradmon.server.hub import Client, dumps, records_message, reset_message
+from gradmon.server.hub import Client, records_message, reset_message
+from gradmon.server.jsontext import dumps
 from gradmon.server.parse import parse_lines
 from gradmon.server.stream import Action, Check, CursorError, Position, Reset, RunStream, Step, parse_cursor
 from gradmon.server.tail import read_lines

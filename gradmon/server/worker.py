@@ -35,7 +35,7 @@ import sys
 import threading
 from typing import Any, BinaryIO, Callable
 
-__all__ = ["WorkerPool", "process_id", "shared_pool"]
+__all__ = ["WorkerPool", "loaded_modules", "process_id", "shared_pool"]
 
 log = logging.getLogger("gradmon.server")
 
@@ -210,6 +210,12 @@ def ready(arg: Any) -> Any:
 def process_id(_arg: Any) -> int:
     """The process a call ran in (for tests and diagnostics)."""
     return os.getpid()
+
+
+def loaded_modules(_arg: Any) -> list[str]:
+    """The modules imported in the process a call ran in (for tests and diagnostics: a worker's
+    start is what a restarted server's first answers compete with on a busy core)."""
+    return sorted(sys.modules)
 
 
 _shared: WorkerPool | None = None
