@@ -359,3 +359,43 @@ def test_an_integer_beyond_2_to_the_53_is_left_to_orjson():
         assert (records[0] is not None) == decided and (undecided == []) == decided, v
         if decided:
             assert records[0]["v"] == v and type(records[0]["v"]) is int
+
+
+_M4_VALUES = st.one_of(
+    st.floats(width=64), st.sampled_from([0.0, -0.0, 1.0, -1.0, math.nan, math.inf, -math.inf])
+)
+
+
+@needs_scanner
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_M4_VALUES, max_size=300), st.integers(-1, 80))
+def test_m4_indices_are_downsample_indices(values, buckets):
+    # Ties (repeated values, 0.0 and -0.0) keep the first; NaN and infinities are always kept.
+    from gradmon.server.downsample import downsample_indices
+
+    got = native.scanner().m4_indices(array("d", values), buckets)
+    assert got == downsample_indices(values, max(1, buckets))
+    if values:  # a row without a number: not the scanner's to decide (the caller drops such rows first)
+        holed = array("d", values)
+        holed[len(values) // 2] = MISSING
+        assert native.scanner().m4_indices(holed, buckets) is None
+
+
+@needs_scanner
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_M4_VALUES, min_size=1, max_size=400), st.integers(4, 120), st.sets(st.integers(0, 450)),
+       st.booleans())
+def test_a_column_is_downsampled_alike_with_and_without_the_scanner(values, points, flagged, ts):
+    from gradmon.server import columns
+
+    steps = list(range(7, 7 + len(values)))
+    flags = bytes(1 if i in flagged else 0 for i in range(len(values)))
+    cols = {"ts" if ts else "loss": (0, array("d", values))}
+    got = columns.series_from_columns(steps, steps, flags, cols, -math.inf, math.inf, points)
+    saved = columns._native_scanner
+    columns._native_scanner = lambda: None
+    try:
+        want = columns.series_from_columns(steps, steps, flags, cols, -math.inf, math.inf, points)
+    finally:
+        columns._native_scanner = saved
+    assert repr(got) == repr(want)

@@ -22,6 +22,7 @@ from operator import eq, itemgetter, le
 
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES
 from gradmon.server.downsample import downsample_indices
+from gradmon.server.native import scanner as _native_scanner
 from gradmon.server.parse import KeyColumns, ParsedLines
 from gradmon.server.segments import Intervals, Replaced
 from gradmon.server.steps import TS
@@ -175,11 +176,11 @@ def series_from_columns(steps: Sequence[int], offsets: Sequence[int], flags: byt
         finite_only = name == TS
         a, b = sel[0] - first, sel[-1] + 1 - first
         if contiguous and a >= 0:  # the common range: no loop
-            vals = values[a:b].tolist()
+            part = values[a:b]
             # (a finite sum: no NaN, so no MISSING either: one C pass, not a count of the bits)
-            if math.isfinite(sum(vals)) or (
-                    not finite_only and array("Q", values[a:b].tobytes()).count(MISSING_BITS) == 0):
-                series[name] = _downsampled(sel_steps, vals, flagged, exact, points)
+            if math.isfinite(sum(part)) or (
+                    not finite_only and array("Q", part.tobytes()).count(MISSING_BITS) == 0):
+                series[name] = _downsampled_rows(sel_steps, part, flagged, exact, points)
                 continue
         bits = array("Q", values.tobytes())
         pos = []
@@ -202,6 +203,21 @@ def series_from_columns(steps: Sequence[int], offsets: Sequence[int], flags: byt
             keep = {m for m, k in enumerate(pos) if k in flagged} if flagged else set()
         series[name] = _downsampled(s_steps, vals, keep, exact, points)
     return series, exact
+
+
+def _downsampled_rows(steps: list[int], values: array, keep: set[int], exact: bool,
+                      points: int) -> tuple[list[int], list[float]]:
+    """:func:`_downsampled` of a column's rows (float64, none ``MISSING``), the kept rows found by
+    the compiled scanner's ``m4_indices`` (``downsample_indices``' rules, tests/test_native_scanner.py)
+    when it is built: a 20,000-row zoom's nine series took ~20 ms of Python, ~2/3 of the answer."""
+    native = None if exact else _native_scanner()
+    idx = native.m4_indices(values, max(1, points // 4)) if native is not None else None
+    if idx is None:
+        return _downsampled(steps, values.tolist(), keep, exact, points)
+    if keep:
+        n = len(values)
+        idx = sorted(set(idx).union(k for k in keep if 0 <= k < n))
+    return list(map(steps.__getitem__, idx)), list(map(values.__getitem__, idx))
 
 
 def _downsampled(steps: list[int], values: list[float], keep: set[int], exact: bool,

@@ -149,6 +149,11 @@ def _self_test(module: ModuleType) -> None:
     want = (records, *rest, floats, [r for r in records if r is not None], [2, 3, 4])
     if got != want:
         raise NativeBuildError(f"the compiled scanner's self-test failed: {got!r}")
+    nan = float("nan")
+    got = (module.m4_indices(struct.pack("<10d", 1, nan, 3, 0, 5, 2, 2, 9, -1, 4), 2),
+           module.m4_indices(missing + struct.pack("<9d", *range(9)), 2))
+    if got != ([0, 1, 3, 4, 5, 7, 8, 9], None):
+        raise NativeBuildError(f"the compiled downsampling's self-test failed: {got!r}")
 
 
 def scanner() -> ModuleType | None:

@@ -592,9 +592,104 @@ done:
     return out;
 }
 
+/* m4_indices(floats, buckets): downsample.downsample_indices of the float64 rows of a buffer
+ * (relative positions, ascending): per bucket of consecutive rows (bucket_bounds), the first, the
+ * last, the first smallest and the first largest finite value, and every value that is not finite;
+ * every row when there are no more than 4 * buckets. None when a row is MISSING_BITS (no number:
+ * the caller leaves those rows out, which changes the buckets: its Python path does that). */
+static PyObject *m4_indices(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer buf;
+    Py_ssize_t buckets;
+    if (!PyArg_ParseTuple(args, "y*n", &buf, &buckets))
+        return NULL;
+    PyObject *out = NULL;
+    const double *v = (const double *)buf.buf;
+    Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(double);
+    if (buckets < 1)
+        buckets = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long bits;
+        memcpy(&bits, &v[i], sizeof bits);
+        if (bits == MISSING_BITS) {
+            out = Py_None;
+            Py_INCREF(out);
+            goto done;
+        }
+    }
+    if (n <= 4 * buckets) { /* every row */
+        if ((out = PyList_New(n)) == NULL)
+            goto done;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = PyLong_FromSsize_t(i);
+            if (item == NULL)
+                goto fail;
+            PyList_SET_ITEM(out, i, item);
+        }
+        goto done;
+    }
+    if ((out = PyList_New(0)) == NULL)
+        goto done;
+    for (Py_ssize_t b = 0; b < buckets; b++) {
+        /* bucket_bounds: [n * b // buckets, n * (b + 1) // buckets), here with buckets < n */
+        Py_ssize_t lo = (Py_ssize_t)((long long)n * b / buckets);
+        Py_ssize_t hi = (Py_ssize_t)((long long)n * (b + 1) / buckets);
+        Py_ssize_t first = -1, last = -1, imin = -1, imax = -1, odd = 0;
+        for (Py_ssize_t i = lo; i < hi; i++) {
+            if (!isfinite(v[i])) {
+                odd++;
+                continue;
+            }
+            if (first < 0)
+                first = imin = imax = i;
+            last = i;
+            if (v[i] < v[imin])
+                imin = i;
+            if (v[i] > v[imax])
+                imax = i;
+        }
+        if (odd == 0) { /* the four, sorted and distinct */
+            Py_ssize_t k[4] = {first, last, imin, imax};
+            for (int x = 1; x < 4; x++)
+                for (int y = x; y > 0 && k[y - 1] > k[y]; y--) {
+                    Py_ssize_t t = k[y];
+                    k[y] = k[y - 1];
+                    k[y - 1] = t;
+                }
+            for (int x = 0; x < 4; x++)
+                if ((x == 0 || k[x] != k[x - 1]) && k[x] >= 0) {
+                    PyObject *item = PyLong_FromSsize_t(k[x]);
+                    if (item == NULL || PyList_Append(out, item) < 0) {
+                        Py_XDECREF(item);
+                        goto fail;
+                    }
+                    Py_DECREF(item);
+                }
+            continue;
+        }
+        for (Py_ssize_t i = lo; i < hi; i++) /* in order: the non-finite rows and the four */
+            if (!isfinite(v[i]) || i == first || i == last || i == imin || i == imax) {
+                PyObject *item = PyLong_FromSsize_t(i);
+                if (item == NULL || PyList_Append(out, item) < 0) {
+                    Py_XDECREF(item);
+                    goto fail;
+                }
+                Py_DECREF(item);
+            }
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    PyBuffer_Release(&buf);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"bucket_summaries", bucket_summaries, METH_VARARGS,
      "bucket_summaries(floats, steps, start, buckets, size) -> [summary or None per bucket] or None"},
+    {"m4_indices", m4_indices, METH_VARARGS,
+     "m4_indices(floats, buckets) -> [row positions kept] or None (a row without a number)"},
     {"scan_steps", scan_steps, METH_O, "scan_steps(texts) -> (records, undecided, columns, types, floats, steps, not_steps)"},
     {NULL, NULL, 0, NULL},
 };
