@@ -166,6 +166,7 @@ def one_start(tree: str, logdir: str, name: str, steps: int, windows: list[int],
         for key, ts in (("full", full), ("zoom", zoom)):
             out[f"{key}_p50_ms"] = percentile(ts, 50) * 1e3
             out[f"{key}_p99_ms"] = percentile(ts, 99) * 1e3
+            out[f"{key}_ms"] = [round(t * 1e3, 1) for t in ts]  # (in order: where the slow ones fall)
         out["rss_mb"], out["worker_rss_mb"] = _rss_mb(srv["pid"])
     out["sidecar_mb"] = _du(side) / 1e6 if os.path.isdir(side) else 0.0
     return out
