@@ -399,3 +399,38 @@ def test_a_column_is_downsampled_alike_with_and_without_the_scanner(values, poin
     finally:
         columns._native_scanner = saved
     assert repr(got) == repr(want)
+
+
+_point_values = st.sampled_from([0.0, -0.0, 1.0, 2.0, -1.5])
+
+
+@needs_scanner
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.lists(st.tuples(st.integers(0, 2), _point_values), min_size=1,
+                                                      max_size=5)), min_size=1, max_size=12),
+       st.integers(0, 5), st.data())
+def test_field_points_are_the_python_points_of_the_stored_records(nodes, first, data):
+    # Summaries built record by record (steps that repeat or go back, -0.0 beside 0.0, ties, some
+    # without the field), stored as levelfiles.FIELD records from bucket `first` on: the compiled
+    # field_points of any increasing subset of them is pyramid._extend_points of their columns.
+    from gradmon.server.levelfiles import FIELD, field_columns
+    from gradmon.server.pyramid import Summary, _extend_points, _pick
+
+    summaries, step = [], 0
+    for gap, recs in nodes:
+        s = Summary(0)
+        for d, v in recs:
+            step += d - 1 if gap == 2 else d
+            if gap != 3:
+                s.add(step, [("f", v)])
+        summaries.append(s)
+    raw = b"".join(FIELD.pack(*s.fields.get("f", [0] * 9)) for s in summaries)
+    picked = sorted(data.draw(st.sets(st.integers(first, first + len(summaries) - 1))))
+    want: list = []
+    _extend_points(want, _pick(field_columns(raw), first, picked))
+    got = native.scanner().field_points(raw, first, picked)
+    assert repr(got) == repr(want)
+    with pytest.raises(IndexError):
+        native.scanner().field_points(raw, first, [first + len(summaries)])
+    nan = FIELD.pack(1, 5, math.nan, 5, math.nan, 5, math.nan, 5, math.nan)
+    assert native.scanner().field_points(raw + nan, first, [first + len(summaries)]) is None

@@ -154,6 +154,12 @@ def _self_test(module: ModuleType) -> None:
            module.m4_indices(missing + struct.pack("<9d", *range(9)), 2))
     if got != ([0, 1, 3, 4, 5, 7, 8, 9], None):
         raise NativeBuildError(f"the compiled downsampling's self-test failed: {got!r}")
+    # Summaries' points (levelfiles.FIELD records): one with first == min, one empty, one with a NaN.
+    records = b"".join(struct.pack("<qqdqdqdqd", *f) for f in (
+        (3, 10, 1.0, 12, 2.0, 10, 1.0, 11, 5.0), (0,) * 9, (1, 20, nan, 20, nan, 20, nan, 20, nan)))
+    got = (module.field_points(records, 7, [7, 8]), module.field_points(records, 7, [9]))
+    if got != ([(10, 1.0), (11, 5.0), (12, 2.0)], None):
+        raise NativeBuildError(f"the compiled summary points' self-test failed: {got!r}")
 
 
 def scanner() -> ModuleType | None:

@@ -21,6 +21,8 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
+from gradmon.server.levelfiles import field_columns
+from gradmon.server.native import scanner as _native_scanner
 from gradmon.server.values import FAST_TYPES, number
 
 __all__ = ["BUCKET", "FANOUT", "STORED_LEVELS", "TAIL_MAX", "Level", "Pyramid", "Summary", "column_summary",
@@ -230,14 +232,23 @@ class Level:
     def extend_points(self, name: str, nodes: Sequence[int], out: list[tuple[int, float]]) -> None:
         """Append to ``out`` the points of field ``name`` that summaries ``nodes`` (increasing
         indices) keep, summary by summary, each as :meth:`Summary.points` gives them, without
-        building the summaries: each of the field's nine columns is read once over the nodes' span
-        and the nodes' values picked from it (one C call per column)."""
+        building the summaries: the stored ones' records are read once over the nodes' span and
+        their points made by the compiled scanner's ``field_points`` (else their nine columns
+        picked, one C call per column); the tail's columns are picked."""
         k = self.stored
         stored = nodes[: bisect_left(nodes, k)] if nodes and nodes[0] < k else ()
         if stored:
-            got = self.store.field_columns(name, stored[0], stored[-1] + 1)
+            got = self.store.field_records(name, stored[0], stored[-1] + 1)
             if got is not None:
-                _extend_points(out, _pick(got[1], got[0], stored))
+                first, raw = got
+                stored = stored[bisect_left(stored, first):]  # (the field's first bucket on)
+                native = _native_scanner()
+                # (the compiled loop: ~1 ms for a whole-run query's ~500 nodes of nine fields, not ~9)
+                points = native.field_points(raw, first, stored) if native is not None else None
+                if points is None:
+                    _extend_points(out, _pick(field_columns(raw), first, stored))
+                else:
+                    out.extend(points)
         if len(stored) < len(nodes):
             cols = self.fields.get(name)
             if cols is not None:

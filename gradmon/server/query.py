@@ -75,7 +75,10 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
         if plan is not None:
             return plan
     series: dict[str, tuple[list[int], list[float]]] = {}
-    partial = [view.partial(nd, start, end) for nd in nodes]
+    if start == -math.inf and end == math.inf and view.buckets.none:
+        partial = [False] * len(nodes)  # (the whole run, nothing to split: ~500 calls saved)
+    else:
+        partial = [view.partial(nd, start, end) for nd in nodes]
     inner = [nd for nd, p in zip(nodes, partial) if not p]
     edges = [(view.offset(nd), view.node_end(nd, cursor), start, end,
               view.buckets.partial.get(nd[1], ()) if nd[0] == 0 else ())
@@ -244,6 +247,8 @@ class _View:
     def refine_edges(self, nodes: list[tuple[int, int]], start: float, end: float) -> list[tuple[int, int]]:
         """Split nodes that only partly overlap the range down to base buckets: their min/max may
         lie outside the range, so the caller reads those few buckets back from the file."""
+        if start == -math.inf and end == math.inf and self.buckets.none:
+            return nodes  # (the whole run, nothing to split)
         while True:
             out: list[tuple[int, int]] = []
             split = False

@@ -113,6 +113,12 @@ class BucketCover:
     def __post_init__(self) -> None:
         self.partial_sorted = sorted(self.partial)
 
+    @property
+    def none(self) -> bool:
+        """Whether no base bucket holds replaced records and no segment goes back (the common
+        case: then no query splits a node for them)."""
+        return not (self.gone_starts or self.partial or self.breaks)
+
     def all_gone(self, lo: int, hi: int) -> bool:
         """Whether base buckets ``[lo, hi)`` hold replaced records only."""
         j = bisect_right(self.gone_starts, lo) - 1

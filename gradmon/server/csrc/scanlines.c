@@ -685,9 +685,106 @@ done:
     return out;
 }
 
+/* field_points(records, first, nodes): pyramid._extend_points of the buckets ``nodes`` (increasing
+ * ints, each >= first) of one field whose levelfiles.FIELD records, from bucket ``first`` on, are
+ * the buffer ``records`` (little-endian <qqdqdqdqd: count, first step and value, last, min, max):
+ * each counted bucket's distinct (step, value) points of {first, min, max, last} in (step, value)
+ * order, as Summary.points gives them. None when a value is NaN (the set's and sort's rules differ
+ * from a C comparison there; the summaries hold finite values only) or on a big-endian host. */
+static PyObject *field_points(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer buf;
+    Py_ssize_t first;
+    PyObject *nodes;
+    if (!PyArg_ParseTuple(args, "y*nO", &buf, &first, &nodes))
+        return NULL;
+    PyObject *out = NULL, *seq = NULL;
+    const unsigned one = 1;
+    if (*(const unsigned char *)&one != 1) { /* big-endian: the caller's Python path */
+        out = Py_None;
+        Py_INCREF(out);
+        goto done;
+    }
+    if ((seq = PySequence_Fast(nodes, "field_points: nodes must be a sequence")) == NULL)
+        goto done;
+    const Py_ssize_t size = 72, count = buf.len / size, n = PySequence_Fast_GET_SIZE(seq);
+    if ((out = PyList_New(0)) == NULL)
+        goto done;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, j));
+        if (i == -1 && PyErr_Occurred())
+            goto fail;
+        i -= first;
+        if (i < 0 || i >= count) {
+            PyErr_SetString(PyExc_IndexError, "field_points: a node outside the records");
+            goto fail;
+        }
+        const char *rec = (const char *)buf.buf + i * size;
+        long long c, st[4];
+        double val[4];
+        memcpy(&c, rec, 8);
+        if (c == 0)
+            continue;
+        /* the set literal's order: first (1, 2), min (5, 6), max (7, 8), last (3, 4) */
+        static const int at[4] = {1, 5, 7, 3};
+        int k = 0;
+        for (int x = 0; x < 4; x++) {
+            long long s;
+            double v;
+            memcpy(&s, rec + 8 * at[x], 8);
+            memcpy(&v, rec + 8 * (at[x] + 1), 8);
+            if (isnan(v)) {
+                Py_DECREF(out);
+                out = Py_None;
+                Py_INCREF(out);
+                goto done;
+            }
+            int dup = 0;
+            for (int y = 0; y < k; y++)
+                if (st[y] == s && val[y] == v)
+                    dup = 1; /* the set keeps the first of equal points (0.0 before -0.0) */
+            if (dup)
+                continue;
+            int y = k++; /* insertion in (step, value) order: distinct points, so one order */
+            while (y > 0 && (st[y - 1] > s || (st[y - 1] == s && val[y - 1] > v))) {
+                st[y] = st[y - 1];
+                val[y] = val[y - 1];
+                y--;
+            }
+            st[y] = s;
+            val[y] = v;
+        }
+        for (int x = 0; x < k; x++) {
+            PyObject *point = PyTuple_New(2), *s = NULL, *v = NULL;
+            if (point == NULL || (s = PyLong_FromLongLong(st[x])) == NULL ||
+                (v = PyFloat_FromDouble(val[x])) == NULL) {
+                Py_XDECREF(point);
+                Py_XDECREF(s);
+                goto fail;
+            }
+            PyTuple_SET_ITEM(point, 0, s);
+            PyTuple_SET_ITEM(point, 1, v);
+            if (PyList_Append(out, point) < 0) {
+                Py_DECREF(point);
+                goto fail;
+            }
+            Py_DECREF(point);
+        }
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(seq);
+    PyBuffer_Release(&buf);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"bucket_summaries", bucket_summaries, METH_VARARGS,
      "bucket_summaries(floats, steps, start, buckets, size) -> [summary or None per bucket] or None"},
+    {"field_points", field_points, METH_VARARGS,
+     "field_points(records, first, nodes) -> [(step, value)] of the buckets' summaries, or None"},
     {"m4_indices", m4_indices, METH_VARARGS,
      "m4_indices(floats, buckets) -> [row positions kept] or None (a row without a number)"},
     {"scan_steps", scan_steps, METH_O, "scan_steps(texts) -> (records, undecided, columns, types, floats, steps, not_steps)"},
