@@ -75,8 +75,8 @@ def plan_history(pyramid: Pyramid, open_bucket: Summary | None, segments: Segmen
         if plan is not None:
             return plan
     series: dict[str, tuple[list[int], list[float]]] = {}
-    if start == -math.inf and end == math.inf and view.buckets.none:
-        partial = [False] * len(nodes)  # (the whole run, nothing to split: ~500 calls saved)
+    if view.splits_none(start, end):
+        partial = [False] * len(nodes)  # (~500 calls saved)
     else:
         partial = [view.partial(nd, start, end) for nd in nodes]
     inner = [nd for nd, p in zip(nodes, partial) if not p]
@@ -238,6 +238,11 @@ class _View:
             return self.open.offset
         return self.pyramid.levels[level].offset_at(i)
 
+    def splits_none(self, start: float, end: float) -> bool:
+        """Whether :meth:`partial` is false for every node: the whole run, with no replaced records
+        and no segment going back."""
+        return start == -math.inf and end == math.inf and self.buckets.none
+
     def partial(self, node: tuple[int, int], start: float, end: float) -> bool:
         if start == -math.inf and end == math.inf:
             return self.must_split(node)  # (the whole run: no span to read)
@@ -247,8 +252,8 @@ class _View:
     def refine_edges(self, nodes: list[tuple[int, int]], start: float, end: float) -> list[tuple[int, int]]:
         """Split nodes that only partly overlap the range down to base buckets: their min/max may
         lie outside the range, so the caller reads those few buckets back from the file."""
-        if start == -math.inf and end == math.inf and self.buckets.none:
-            return nodes  # (the whole run, nothing to split)
+        if self.splits_none(start, end):
+            return nodes
         while True:
             out: list[tuple[int, int]] = []
             split = False

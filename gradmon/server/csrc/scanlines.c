@@ -592,6 +592,16 @@ done:
     return out;
 }
 
+/* Append the int i to list out: 0, or -1 with an exception set. */
+static int append_index(PyObject *out, Py_ssize_t i) {
+    PyObject *item = PyLong_FromSsize_t(i);
+    if (item == NULL)
+        return -1;
+    int rc = PyList_Append(out, item);
+    Py_DECREF(item);
+    return rc;
+}
+
 /* m4_indices(floats, buckets): downsample.downsample_indices of the float64 rows of a buffer
  * (relative positions, ascending): per bucket of consecutive rows (bucket_bounds), the first, the
  * last, the first smallest and the first largest finite value, and every value that is not finite;
@@ -657,25 +667,14 @@ static PyObject *m4_indices(PyObject *self, PyObject *args) {
                     k[y - 1] = t;
                 }
             for (int x = 0; x < 4; x++)
-                if ((x == 0 || k[x] != k[x - 1]) && k[x] >= 0) {
-                    PyObject *item = PyLong_FromSsize_t(k[x]);
-                    if (item == NULL || PyList_Append(out, item) < 0) {
-                        Py_XDECREF(item);
-                        goto fail;
-                    }
-                    Py_DECREF(item);
-                }
+                if ((x == 0 || k[x] != k[x - 1]) && k[x] >= 0 && append_index(out, k[x]) < 0)
+                    goto fail;
             continue;
         }
         for (Py_ssize_t i = lo; i < hi; i++) /* in order: the non-finite rows and the four */
-            if (!isfinite(v[i]) || i == first || i == last || i == imin || i == imax) {
-                PyObject *item = PyLong_FromSsize_t(i);
-                if (item == NULL || PyList_Append(out, item) < 0) {
-                    Py_XDECREF(item);
-                    goto fail;
-                }
-                Py_DECREF(item);
-            }
+            if ((!isfinite(v[i]) || i == first || i == last || i == imin || i == imax) &&
+                append_index(out, i) < 0)
+                goto fail;
     }
     goto done;
 fail:
