@@ -241,12 +241,12 @@ class Level:
             got = self.store.field_records(name, stored[0], stored[-1] + 1)
             if got is not None:
                 first, raw = got
-                stored = stored[bisect_left(stored, first):]  # (the field's first bucket on)
+                held = stored[bisect_left(stored, first):]  # (the field's records start at `first`)
                 native = _native_scanner()
                 # (the compiled loop: ~1 ms for a whole-run query's ~500 nodes of nine fields, not ~9)
-                points = native.field_points(raw, first, stored) if native is not None else None
+                points = native.field_points(raw, first, held) if native is not None else None
                 if points is None:
-                    _extend_points(out, _pick(field_columns(raw), first, stored))
+                    _extend_points(out, _pick(field_columns(raw), first, held))
                 else:
                     out.extend(points)
         if len(stored) < len(nodes):
