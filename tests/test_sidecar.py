@@ -349,6 +349,54 @@ def test_a_read_only_log_directory_works_from_memory(tmp_path: Path):
         run.close()
 
 
+def test_a_read_only_log_directory_keeps_its_index_in_an_index_directory(tmp_path: Path):
+    path = make_run(tmp_path / "logs", "ro", 3000)
+    index_dir = tmp_path / "index"
+    with _read_only(path.parent):
+        run = Run("r", str(path), index_dir=str(index_dir))
+        assert run.sidecar is not None and not run.read_only
+        assert Path(run.sidecar.path).parent == index_dir
+        drain(run)
+        run.close()  # (checkpoints what it read)
+        assert not Path(sidecar_dir(str(path))).exists()  # nothing beside the log
+        again = Run("r", str(path), index_dir=str(index_dir))
+        assert again.restored == path.stat().st_size
+        drain(again)
+        assert_same_answers(again, path)
+        again.close()
+
+
+def test_an_index_directory_gives_each_log_its_own_sidecar(tmp_path: Path):
+    a = make_run(tmp_path / "one", "run 1/x", 10)  # (a run directory named with a space)
+    b = make_run(tmp_path / "two", "run 1/x", 10)
+    (tmp_path / "link").symlink_to(tmp_path / "one")
+    idx = str(tmp_path / "index")
+    da, db = sidecar_dir(str(a), idx), sidecar_dir(str(b), idx)
+    assert da != db and os.path.dirname(da) == idx
+    assert os.path.basename(da).startswith("x-") and da.endswith(".gmidx")
+    assert sidecar_dir(str(tmp_path / "link" / "run 1" / "x" / "metrics.jsonl"), idx) == da
+    odd = make_run(tmp_path, "a b;c", 1)
+    assert os.path.basename(sidecar_dir(str(odd), idx)).startswith("a_b_c-")
+
+
+def test_a_server_says_once_how_to_keep_the_index_of_logs_it_cannot_write(tmp_path: Path, caplog):
+    from gradmon.server.app import GradmonServer
+
+    paths = [make_run(tmp_path / "logs", name, 10) for name in ("a", "b")]
+    with _read_only(paths[0].parent), _read_only(paths[1].parent), \
+            caplog.at_level("WARNING", "gradmon.server"):
+        server = GradmonServer(tmp_path / "logs", port=0)
+        server._apply_discovery({p.parent.name: str(p) for p in paths})
+        kept = GradmonServer(tmp_path / "logs", port=0, index_dir=tmp_path / "index")
+        kept._apply_discovery({p.parent.name: str(p) for p in paths})
+        assert [run.sidecar is None for run in server.runs.values()] == [True, True]
+        assert [run.sidecar is None for run in kept.runs.values()] == [False, False]
+        for run in [*server.runs.values(), *kept.runs.values()]:
+            run.close()
+    said = [r.getMessage() for r in caplog.records if "--index-dir" in r.getMessage()]
+    assert len(said) == 1 and "cannot write" in said[0]
+
+
 # ---- a live server -------------------------------------------------------------------------
 
 def test_a_log_that_grows_while_served_extends_its_sidecar_and_a_restart_restores_it(tmp_path: Path):
@@ -408,12 +456,14 @@ def test_a_kill_9_while_the_sidecar_is_written_leaves_a_usable_state(tmp_path: P
     assert _restored(path).restored == path.stat().st_size
 
 
-@pytest.mark.parametrize("option", [None, "--no-index-sidecar"])
+@pytest.mark.parametrize("option", [None, "--no-index-sidecar", "--index-dir"])
 def test_gradmon_serve_stopped_by_sigterm_checkpoints_what_it_read(tmp_path: Path, option):
-    path = make_run(tmp_path, "t", 2000)
+    path = make_run(tmp_path / "logs", "t", 2000)
+    index_dir = str(tmp_path / "index")
+    args = {None: [], "--no-index-sidecar": [option], "--index-dir": [option, index_dir]}[option]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "gradmon", "serve", str(tmp_path), "--port", "0",
-                             *([option] if option else [])], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "gradmon", "serve", str(tmp_path / "logs"), "--port", "0",
+                             *args], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
         url = next(line.split()[-1] for line in proc.stdout if line.startswith("gradmon: open "))
@@ -424,10 +474,12 @@ def test_gradmon_serve_stopped_by_sigterm_checkpoints_what_it_read(tmp_path: Pat
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-    if option:  # in memory only: nothing written beside the log
+    if option:  # in memory, or in the index directory: nothing written beside the log
         assert not Path(sidecar_dir(str(path))).exists()
-        return
-    run = Run("r", str(path))
+        assert Path(sidecar_dir(str(path), index_dir)).exists() == (option == "--index-dir")
+        if option == "--no-index-sidecar":
+            return
+    run = Run("r", str(path), index_dir=index_dir if option else None)
     assert run.restored == path.stat().st_size
     drain(run)
     assert_same_answers(run, path)

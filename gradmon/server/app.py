@@ -75,7 +75,8 @@ class GradmonServer:
                  discover_interval: float = DISCOVER_INTERVAL_S, static_dir: Path | None = None,
                  client_queue_bytes: int = CLIENT_QUEUE_BYTES, poll_max_bytes: int = POLL_MAX_BYTES,
                  workers: WorkerPool | None = None, alerts: Any | None = None,
-                 index_sidecars: bool = True, progress_interval: float = INDEXING_PROGRESS_S) -> None:
+                 index_sidecars: bool = True, index_dir: str | os.PathLike | None = None,
+                 progress_interval: float = INDEXING_PROGRESS_S) -> None:
         self.root = os.path.realpath(os.fspath(logdir))
         self.host = host
         self.port = port
@@ -86,7 +87,9 @@ class GradmonServer:
         self.poll_max_bytes = poll_max_bytes
         self.progress_interval = progress_interval
         self.workers = workers if workers is not None else shared_pool()
-        self.index_sidecars = index_sidecars  # keep each run's index beside its log (sidecar.py)
+        self.index_sidecars = index_sidecars  # keep each run's index beside its log (sidecar.py) ...
+        self.index_dir = None if index_dir is None else os.path.abspath(os.fspath(index_dir))  # ... or here
+        self._said_read_only = False  # (the hint that --index-dir keeps such runs' index: once)
         self.http = HttpRoutes(self, static_dir)
         self.runs: dict[str, Run] = {}
         self._announced: set[str] = set()  # runs listed to clients (their file has a complete line)
@@ -289,12 +292,27 @@ class GradmonServer:
             if changed:
                 self._broadcast_runs()
 
+    def _hint_read_only(self, run: Run) -> None:
+        """Say once that a run's sidecar cannot be written (its directory, or the index directory,
+        is read-only): it is indexed again at every start (a big run's first index takes seconds to
+        minutes), and how to keep its index."""
+        if not run.read_only or self._said_read_only:
+            return
+        self._said_read_only = True
+        if self.index_dir is None:
+            log.warning("%s is in a directory this server cannot write: its index is kept in memory and "
+                        "built again at every start; --index-dir DIR keeps it in DIR", run.path)
+        else:
+            log.warning("the index directory %s cannot be written: runs are indexed in memory, again at "
+                        "every start", self.index_dir)
+
     def _apply_discovery(self, found: dict[str, str]) -> bool:
         changed = False
         for name, path in found.items():
             run = self.runs.get(name)
             if run is None or run.path != path:
-                self.runs[name] = Run(name, path, self.index_sidecars)
+                self.runs[name] = Run(name, path, self.index_sidecars, self.index_dir)
+                self._hint_read_only(self.runs[name])
                 if run is not None:
                     run.close()
                     changed |= self._forget(name)

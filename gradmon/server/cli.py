@@ -36,8 +36,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--alert-format", choices=("slack", "feishu", "dingtalk", "json"), default="slack",
                    help='webhook payload: slack {"text": ...} (default; also Mattermost, Rocket.Chat), '
                         "feishu, dingtalk, or json (the text plus every field)")
-    p.add_argument("--no-index-sidecar", action="store_true",
-                   help="index runs in memory only: write no .<log>.gmidx/ index cache beside the logs")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--no-index-sidecar", action="store_true",
+                       help="index runs in memory only: write no .<log>.gmidx/ index cache beside the logs")
+    where.add_argument("--index-dir", metavar="DIR", default=None,
+                       help="keep the runs' index caches in DIR instead of beside their logs (logs in a "
+                            "read-only directory then start warm too; a cache: delete it any time)")
     p.add_argument("--alert-link", metavar="URL", default=None,
                    help="dashboard URL the messages link to (default: this server's URL, without its token)")
     p.set_defaults(func=run_serve)
@@ -85,7 +89,8 @@ def run_serve(args: argparse.Namespace) -> int:
     # its sidecar, so the next start restores it instead of re-indexing).
     try:
         asyncio.run(serve(args.logdir, args.host, args.port, args.token, ready=ready, alerts=alerts,
-                          index_sidecars=not args.no_index_sidecar, stop_signals=(signal.SIGTERM,)))
+                          index_sidecars=not args.no_index_sidecar, index_dir=args.index_dir,
+                          stop_signals=(signal.SIGTERM,)))
     except KeyboardInterrupt:
         return 0
     except OSError as exc:

@@ -25,7 +25,7 @@ from gradmon.server.derived import Derived, splice
 from gradmon.server.index import RunIndex
 from gradmon.server.parse import ParsedLines
 from gradmon.server.pyramid import TAIL_MAX
-from gradmon.server.sidecar import ColumnsRef, Sidecar
+from gradmon.server.sidecar import ColumnsRef, Sidecar, unwritable
 from gradmon.server.tail import FileTailer
 
 __all__ = ["MAX_DEPTH", "STALE_AFTER_S", "Batch", "Run", "discover_runs", "is_inside", "run_status"]
@@ -138,7 +138,7 @@ def _raise() -> None:
 class Run:
     """One run: its file tailer, its index and its status."""
 
-    def __init__(self, name: str, path: str, sidecar: bool = True) -> None:
+    def __init__(self, name: str, path: str, sidecar: bool = True, index_dir: str | None = None) -> None:
         self.name = name
         self.path = path
         self.tailer = FileTailer(path)
@@ -149,7 +149,14 @@ class Run:
         self.waiting = False  # the last poll found the next bytes not in the page cache yet
         self.restored = 0  # bytes of the log whose index came from the sidecar
         self._lost = False  # the index lost its stored levels: re-read the log at the next poll
-        self.sidecar = Sidecar.open(path) if sidecar else None
+        self.sidecar: Sidecar | None = None
+        self.read_only = False  # the sidecar's directory cannot be written: indexed from memory
+        if sidecar:
+            try:  # (index_dir: where the sidecar is kept, when not beside the log: sidecar.sidecar_dir)
+                self.sidecar = Sidecar.open(path, index_dir)
+            except OSError as exc:
+                self.read_only = unwritable(exc)
+                log.debug("no index sidecar for %s (%s): indexing from memory", path, exc)
         self._checkpoint_time = time.monotonic()
         if self.sidecar is not None:
             self._restore()

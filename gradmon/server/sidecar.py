@@ -23,12 +23,17 @@ directories), and holds:
 - ``lock``: held (``flock``) by the one server that writes the sidecar; another server of the
   same log, or a log directory the server cannot write, works from memory as before.
 
+A log in a directory the server cannot write (a read-only mount of a cluster's logs) can have its
+sidecar in an index directory instead (``gradmon serve --index-dir DIR``): ``DIR/<run directory's
+name>-<hash of the log's real path>.gmidx/``, the same files, checked against the log the same way.
+
 Writes that fail (a full disk) drop the sidecar for this server: it goes on from memory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -47,7 +52,7 @@ from typing import Any
 
 from gradmon.server.columns import MAX_COLUMNS, MISSING, Rows
 
-__all__ = ["FORMAT", "ColumnsRef", "Sidecar", "read_rows", "sidecar_dir"]
+__all__ = ["FORMAT", "ColumnsRef", "Sidecar", "read_rows", "sidecar_dir", "unwritable"]
 
 log = logging.getLogger("gradmon.server")
 
@@ -58,12 +63,25 @@ _HASHED = 65_536  # bytes of the log hashed at each end of the checkpointed part
 _ROW_FILES = (("offset", "q"), ("step", "q"), ("flags", "B"))
 _LITTLE = sys.byteorder == "little"
 _LEVEL_FILE = re.compile(r"lvl\d{1,2}\.(?:b|f\d{1,4})")
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")  # (of a run directory's name, in an index directory's)
 
 
-def sidecar_dir(log_path: str) -> str:
-    """The sidecar directory of a log file."""
-    head, name = os.path.split(log_path)
-    return os.path.join(head, f".{name}.gmidx")
+def sidecar_dir(log_path: str, index_dir: str | None = None) -> str:
+    """The sidecar directory of a log file: beside it, or in ``index_dir`` (one directory for the
+    sidecars of many logs, each named after its run directory and a hash of the log's real path:
+    two logs never share one, and a log reached by another path finds its own)."""
+    if index_dir is None:
+        head, name = os.path.split(log_path)
+        return os.path.join(head, f".{name}.gmidx")
+    real = os.path.realpath(log_path)
+    run = _UNSAFE_NAME.sub("_", os.path.basename(os.path.dirname(real)))[:64] or "run"
+    return os.path.join(index_dir, f"{run}-{hashlib.sha256(os.fsencode(real)).hexdigest()[:16]}.gmidx")
+
+
+def unwritable(exc: OSError) -> bool:
+    """Whether a sidecar was refused because its directory cannot be written (a read-only mount,
+    permissions), not because another server holds it."""
+    return exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def _raw(a: array) -> bytes:
@@ -233,20 +251,20 @@ class Sidecar:
         self._child: int | None = None  # the child writing a checkpoint
 
     @classmethod
-    def open(cls, log_path: str) -> Sidecar | None:
-        """The sidecar of ``log_path``, created if need be; ``None`` when it cannot be written
-        (a read-only directory) or another server holds it."""
-        path = sidecar_dir(log_path)
+    def open(cls, log_path: str, index_dir: str | None = None) -> Sidecar:
+        """The sidecar of ``log_path`` (beside it, or in ``index_dir``: :func:`sidecar_dir`),
+        created if need be. Raises ``OSError`` when it cannot be written (:func:`unwritable`: a
+        read-only directory) or another server holds it."""
+        path = sidecar_dir(log_path, index_dir)
         fd = -1
         try:
             os.makedirs(path, exist_ok=True)
             fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
+        except OSError:
             if fd >= 0:
                 os.close(fd)
-            log.debug("no index sidecar for %s (%s): indexing from memory", log_path, exc)
-            return None
+            raise
         return cls(path, fd)
 
     # ---- restoring ------------------------------------------------------------------------
