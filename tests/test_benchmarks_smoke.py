@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 import subprocess
 import sys
 
@@ -245,6 +246,45 @@ def test_index_alarms_smoke_measures_the_rule_against_the_plain_ingest(tmp_path)
     result = json.loads((tmp_path / "index_alarms.json").read_text())
     assert result["records"] == 20_004 and result["derived_events"] == 4  # 2 spikes: alarm + alarm_end each
     assert result["plain_s"] > 0 and result["rule_s"] > 0 and math.isfinite(result["ratio"])
+
+
+def test_scan_floor_reads_the_numbers_a_python_reading_does(tmp_path):
+    from benchmarks import scan_floor
+    from benchmarks.runlogs import step_record
+    from gradmon.server.native import NativeBuildError
+
+    try:
+        program = scan_floor.build(str(tmp_path))
+    except NativeBuildError as exc:
+        pytest.skip(str(exc))
+    records = [{"type": "header", "schema": 1, "run_id": "t"}]
+    records += [step_record(i, 1.7e9 + 0.01 * i) for i in range(1, 400)]
+    records += [{"type": "step", "step": 400, "loss": 0.12345678901234567, "grad_norm": 3.5e-7, "lr": -2.5e20,
+                 "note": "x", "spike": True, "clip_coef": None}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    want: dict[str, list] = {}
+    for rec in records:  # (in file order, summed as the probe sums: float64, one value at a time)
+        for key, value in rec.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                got = want.setdefault(key, [0, 0.0, 0])
+                got[0] += 1
+                got[1] += value
+                got[2] ^= struct.unpack("<Q", struct.pack("<d", float(value)))[0]  # (each value's bits)
+    for slice_bytes in (65_536, 97):  # (97: lines cut across slices)
+        got = scan_floor.scan(program, str(path), slice_bytes)
+        assert got["lines"] == len(records)
+        assert got["columns"] == {k: [n, total, f"{bits:016x}"] for k, (n, total, bits) in want.items()}
+
+
+def test_scan_floor_smoke_measures_the_floor_beside_the_cold_index(tmp_path):
+    command = [sys.executable, "-m", "benchmarks.scan_floor", "--smoke", "--out-dir", str(tmp_path)]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if "no C compiler" in proc.stderr:
+        pytest.skip("no C compiler here")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "scan_floor.json").read_text())
+    assert result["floor_s"] > 0 and result["index_s"] > 0 and 0 < result["floor_share"] < math.inf
 
 
 def test_alarm_targets_table_counts_what_issue_22_asks():
