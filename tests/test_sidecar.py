@@ -367,7 +367,7 @@ def test_a_read_only_log_directory_keeps_its_index_in_an_index_directory(tmp_pat
 
 
 def test_an_index_directory_gives_each_log_its_own_sidecar(tmp_path: Path):
-    a = make_run(tmp_path / "one", "run 1/x", 10)  # (a run directory named with a space)
+    a = make_run(tmp_path / "one", "run 1/x", 10)  # (two logs in run directories of one name)
     b = make_run(tmp_path / "two", "run 1/x", 10)
     (tmp_path / "link").symlink_to(tmp_path / "one")
     idx = str(tmp_path / "index")
