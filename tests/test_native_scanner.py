@@ -351,6 +351,39 @@ def test_bucket_summaries_are_column_summary_of_each_bucket(values, size, start,
 
 
 @needs_scanner
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.none(), st.sampled_from([0.0, -0.0, 1.5, -1.5]),
+                                   st.floats(allow_nan=False, allow_infinity=False, width=64)),
+                         min_size=24, max_size=24) | st.none(), min_size=0, max_size=6),
+       st.integers(1, 8), st.integers(0, 3), st.integers(-1, 23))
+def test_bucket_fields_are_each_name_s_bucket_summaries_in_one_call(columns, size, start, bad_row):
+    # Columns of one batch (None: a name none of the records has; rows without a number), summed
+    # up for several buckets at once: per bucket, each name's bucket_summaries where it has a
+    # number, in the names' order; None as soon as one value in the buckets is not finite.
+    names = [f"k{j}" for j in range(len(columns))]
+    steps = list(range(7, 7 + 24))
+    buckets = (24 - start) // size
+    floats = [None if c is None else array("d", [MISSING if v is None else v for v in c]).tobytes()
+              for c in columns]
+    got = native.scanner().bucket_fields(names, floats, steps, start, buckets, size)
+    want: list = [{} for _ in range(buckets)]
+    for name, f in zip(names, floats):
+        if f is not None:
+            for b, summary in enumerate(native.scanner().bucket_summaries(f, steps, start, buckets, size)):
+                if summary is not None:
+                    want[b][name] = summary
+    assert repr(got) == repr(want) and [list(d) for d in got] == [list(d) for d in want]
+    scanned = [j for j, f in enumerate(floats) if f is not None]
+    if scanned and start <= bad_row < start + buckets * size:
+        bad = array("d", floats[scanned[-1]])
+        bad[bad_row] = -math.inf
+        floats[scanned[-1]] = memoryview(bad.tobytes())
+        assert native.scanner().bucket_fields(names, floats, steps, start, buckets, size) is None
+    with pytest.raises(ValueError):
+        native.scanner().bucket_fields(names, floats, steps, start, buckets + 30, size)
+
+
+@needs_scanner
 def test_an_integer_beyond_2_to_the_53_is_left_to_orjson():
     # (2**53 + 1 and 2**53 are one double: a bucket's minimum taken from the float64 column would
     # be the first of them, Python's is the smaller)
@@ -434,3 +467,55 @@ def test_field_points_are_the_python_points_of_the_stored_records(nodes, first, 
         native.scanner().field_points(raw, first, [first + len(summaries)])
     nan = FIELD.pack(1, 5, math.nan, 5, math.nan, 5, math.nan, 5, math.nan)
     assert native.scanner().field_points(raw + nan, first, [first + len(summaries)]) is None
+
+
+@needs_scanner
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b""))
+                | st.sampled_from([b"\r", b"a\r", b"\r\r"]), max_size=14),
+       st.sampled_from([b"", b"\n", b"tail"]), st.integers(0, 1 << 40), st.sampled_from([1, 4, 8, 1 << 20]),
+       st.lists(st.integers(1, 40), min_size=1, max_size=30))
+def test_the_compiled_line_splitter_splits_as_the_python_loop(lines, end, offset, max_line, cuts):
+    # A stream of lines (empty ones, CRs before and inside them, some longer than max_line) fed in
+    # blocks cut anywhere: the tailer's splitter (the compiled loop) hands out the same lines, and
+    # keeps the same partial line, as the plain LineSplitter.
+    from gradmon.logformat.lines import LineSplitter
+    from gradmon.server.tail import line_splitter
+
+    data = b"\n".join(lines) + end
+    compiled, plain = line_splitter(offset, max_line), LineSplitter(offset, max_line)
+    assert compiled._split_lines is not None
+    got, want, i = [], [], 0
+    for cut in cuts * (len(data) // sum(cuts) + 1):
+        block, i = data[i:i + cut], i + cut
+        got += compiled.feed(block)
+        want += plain.feed(block)
+        assert (compiled.line_start, compiled.fed) == (plain.line_start, plain.fed)
+        if i >= len(data):
+            break
+    assert got == want
+    assert bytes(compiled._buf) == bytes(plain._buf)
+
+
+@needs_scanner
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.integers(-6, 6).map(lambda i: i / 4) | st.floats(-1e300, 1e300)
+                | st.sampled_from([-0.0, 0.0]), max_size=700),
+       st.booleans())
+def test_the_compiled_median_is_the_median_of_sorted(values, as_deque):
+    # Ties, zeros of both signs, small and big windows (a C array on the stack or the heap), a deque
+    # (WindowBaseline's window): the median the alarm rule judges with is the one sorted() gives,
+    # to the bit, or None where the selection could differ from it (a zero: sorted keeps 0.0 and
+    # -0.0 in their order; an empty window).
+    from collections import deque
+
+    got = native.scanner().median(deque(values) if as_deque else values)
+    s = sorted(values)
+    n = len(s)
+    want = None if n == 0 else s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+    if got is None:
+        assert want is None or want == 0.0
+    else:
+        assert repr(got) == repr(want)
+    assert native.scanner().median([*values, math.nan]) is None
+    assert native.scanner().median([*values, 1]) is None

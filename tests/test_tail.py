@@ -6,6 +6,8 @@ import json
 import math
 import os
 
+import pytest
+
 from gradmon.logformat.jsonl import encode_record
 from gradmon.logformat.lines import LineSplitter
 from gradmon.server.index import RunIndex
@@ -171,3 +173,66 @@ def test_index_counts_malformed_lines():
     parsed = idx.add_lines([(60, None), (66, b"[1,2]"), (67 + len(line), line)], 0)
     assert [r["step"] for r in parsed.records] == [1] and parsed.offsets == [66]
     assert (idx.malformed, idx.records) == (2, 1)
+
+
+def _polled(run: Run, max_bytes: int) -> tuple[list, list[int]]:
+    """Poll ``run`` to the end of its file: its batches, and the open bucket's size after each
+    poll that left more to read."""
+    batches, open_after = [], []
+    while True:
+        _reset, batch, more = run.poll(max_bytes=max_bytes)
+        if batch is not None:
+            batches.append(batch)
+        if not more:
+            return batches, open_after
+        open_after.append(run.index.steps.open_records)
+
+
+def test_a_backlog_is_indexed_in_whole_buckets_with_no_line_lost_or_read_twice(tmp_path):
+    # A plain log read in 32 KB slices: every slice but the last ends on a bucket boundary (the lines
+    # after it are read again at the next poll). A log with other records and malformed lines in
+    # it: the batches still join up, each line is sent once, the index is the whole log's, and so
+    # is the one its sidecar restores.
+    plain = tmp_path / "plain" / "metrics.jsonl"
+    plain.parent.mkdir()
+    plain.write_text("".join(_step(i, grad_norm=1.0 + i % 7) for i in range(1, 6001)))
+    _batches, open_after = _polled(Run("p", str(plain), sidecar=False), 32 << 10)
+    assert len(open_after) > 10 and set(open_after) == {0}
+
+    mixed = tmp_path / "mixed" / "metrics.jsonl"
+    mixed.parent.mkdir()
+    lines = [encode_record({"type": "header", "run_id": "r"}) + "\n"]
+    for i in range(1, 6001):
+        lines.append(_step(i, grad_norm=1.0 + i % 7, spike=i % 500 == 0))
+        if i % 333 == 0:
+            event = encode_record({"type": "event", "step": i, "kind": "x"}) + "\n"
+            lines.append("not json\n" if i % 666 else event)
+    mixed.write_text("".join(lines))
+    run = Run("m", str(mixed))
+    batches, _open_after = _polled(run, 32 << 10)
+    assert [b.prev for b in batches[1:]] == [b.cursor for b in batches[:-1]]
+    assert batches[0].prev == 0 and batches[-1].cursor == mixed.stat().st_size
+    sent = [json.loads(ln) for b in batches for ln in b.lines]
+    assert [r["step"] for r in sent if r["type"] == "step"] == list(range(1, 6001))
+    whole = RunIndex()
+    whole.add_lines(read_lines(str(mixed), 0, mixed.stat().st_size), 0)
+    assert run.index.stats() == whole.stats() and run.index.summary() == whole.summary()
+    assert run.index.steps.marks == whole.steps.marks
+    assert [run.index.steps.pyramid.base.get(i).fields for i in range(run.index.steps.pyramid.base.size)] == \
+        [whole.steps.pyramid.base.get(i).fields for i in range(whole.steps.pyramid.base.size)]
+    run.close()  # (its sidecar's checkpoint covers the whole log: a restart reads nothing again)
+    again = Run("m", str(mixed))
+    assert again.restored == mixed.stat().st_size and again.index.stats() == whole.stats()
+    again.close()
+
+
+def test_unread_hands_lines_out_again_and_not_past_the_cursor(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("".join(_step(i) for i in range(1, 6)))
+    t = FileTailer(str(p))
+    first = t.poll()
+    t.unread(first.lines[1][0])
+    assert t.offset == first.lines[1][0]
+    assert t.poll().lines == first.lines[2:]
+    with pytest.raises(ValueError):
+        t.unread(t.offset + 1)

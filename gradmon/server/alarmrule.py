@@ -36,6 +36,7 @@ from operator import gt, mul, sub
 from typing import Any, Optional
 
 from gradmon.logformat.alarms import AlarmConfig, AlarmRule
+from gradmon.server.native import scanner as _native_scanner
 from gradmon.server.parse import KeyColumns
 from gradmon.server.values import number
 
@@ -86,10 +87,13 @@ class WindowBaseline:
         cached = self._median
         if cached is not None and cached[0] == self._count:
             return cached[1]
-        s = sorted(self._recent)
-        n = len(s)
-        mid = n // 2
-        value = math.nan if n == 0 else s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])
+        native = _native_scanner()
+        value = native.median(self._recent) if native is not None else None  # (a selection, not a sort)
+        if value is None:
+            s = sorted(self._recent)
+            n = len(s)
+            mid = n // 2
+            value = math.nan if n == 0 else s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])
         self._median = (self._count, value)
         return value
 

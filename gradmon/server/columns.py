@@ -45,7 +45,9 @@ class Rows:
     offsets: array  # "q"
     steps: array  # "q"
     flags: bytearray
-    columns: dict[str, tuple[int, array]]  # key -> (first position, "d" values from there)
+    # key -> (first position, its values from there: a "d" array, or for a key that has a column
+    # already a "d" memoryview of the compiled scanner's float64s, not copied)
+    columns: dict[str, tuple[int, array | memoryview]]
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -114,12 +116,15 @@ def step_rows(parsed: ParsedLines, known: Collection[str], seen: set[str] | None
     for name in names:
         if name in _SKIP or (present is not None and name not in present and name not in known):
             continue  # (a key seen before, in no record of this batch, with no column: none now)
+        native = cols.floats(name) if cols is not None else None
+        if native is not None and name in known:  # (the scanner's float64s: the rows as they are)
+            columns[name] = (0, memoryview(native).cast("d"))
+            continue
         raw = list(map(dict.get, steps_recs, repeat(name))) if cols is None else cols.values(name)
         if name not in known:
             types = set(map(type, raw)) if cols is None else cols.types(name)
             if types.isdisjoint(FAST_TYPES):
                 continue  # no number in this batch (absent, flags, text): no column yet
-        native = cols.floats(name) if cols is not None else None
         if native is not None:  # (taken by the compiled scanner, value by value as _floats does)
             values = array("d")
             values.frombytes(native)

@@ -160,6 +160,15 @@ def _self_test(module: ModuleType) -> None:
     got = (module.field_points(records, 7, [7, 8]), module.field_points(records, 7, [9]))
     if got != ([(10, 1.0), (11, 5.0), (12, 2.0)], None):
         raise NativeBuildError(f"the compiled summary points' self-test failed: {got!r}")
+    # Lines after a block's first: an empty one, one ending in CR, a partial one; one too long.
+    got = (module.split_lines(b'x\n\nab\r\ncd\ne', 2, 100, 8), module.split_lines(b'x\nabcdefghi\n', 2, 0, 8))
+    if got != (([(103, b""), (107, b"ab"), (110, b"cd")], 10), None):
+        raise NativeBuildError(f"the compiled line splitter's self-test failed: {got!r}")
+    # Medians: odd and even counts; a zero median, an int and a NaN are left to sorted().
+    got = [module.median(v) for v in ([3.0, -1.0, 2.0], [4.0, 1.0, 2.0, 3.0], [0.0, -0.0, 1.0], [1, 2.0],
+                                      [nan], [])]
+    if got != [2.0, 2.5, None, None, None, None]:
+        raise NativeBuildError(f"the compiled median's self-test failed: {got!r}")
 
 
 def scanner() -> ModuleType | None:

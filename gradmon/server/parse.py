@@ -116,15 +116,17 @@ class KeyColumns:
             return None
         return _missing_row() * (stop - start)
 
-    def bucket_summaries(self, key: str, start: int, buckets: int, size: int) -> list[list | None] | None:
-        """``pyramid.column_summary`` of the key's values in each of ``buckets`` consecutive
-        buckets of ``size`` records from ``start`` (``None`` for a bucket without a number), by
-        the compiled scanner from :meth:`floats`; ``None`` when it did not take them, or some
-        value is not finite (then the caller summarizes, and marks, in Python)."""
-        floats = self.floats(key)
-        if floats is None:
+    def bucket_fields(self, names: list[str], start: int, buckets: int, size: int) -> list[dict] | None:
+        """The fields of each of ``buckets`` consecutive buckets of ``size`` records from
+        ``start``, as ``pyramid.Summary.fields`` holds them: per bucket, the ``column_summary`` of
+        each of ``names`` that has a number there, in that order; by the compiled scanner from
+        :meth:`floats`, in one call. ``None`` when it did not take some name that the records
+        have, or some value is not finite (then the caller summarizes, and marks, in Python)."""
+        keys = self.key_set()
+        floats = [self.floats(name) if name in keys else None for name in names]
+        if any(f is None and name in keys for f, name in zip(floats, names)):
             return None
-        return _native_scanner().bucket_summaries(floats, self.values("step"), start, buckets, size)  # type: ignore[union-attr]
+        return _native_scanner().bucket_fields(names, floats, self.values("step"), start, buckets, size)  # type: ignore[union-attr]
 
     def key_set(self) -> set[str]:
         """Every key of the records (a set nobody may change)."""

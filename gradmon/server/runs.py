@@ -24,7 +24,7 @@ from gradmon.server.columns import step_rows
 from gradmon.server.derived import Derived, splice
 from gradmon.server.index import RunIndex
 from gradmon.server.parse import ParsedLines
-from gradmon.server.pyramid import TAIL_MAX
+from gradmon.server.pyramid import BUCKET, TAIL_MAX
 from gradmon.server.sidecar import ColumnsRef, Sidecar, unwritable
 from gradmon.server.tail import FileTailer
 
@@ -280,6 +280,8 @@ class Run:
             if self.sidecar is not None:
                 self._with_sidecar(self.sidecar.reset)
                 self._attach()
+        if res.more and not res.reset:
+            self._whole_buckets_only(res.lines)
         batch = None
         if res.lines and self.tailer.gen is not None:
             marks_status = self.index.status_records
@@ -301,6 +303,17 @@ class Run:
         if self.sidecar is not None:
             self.checkpoint(force=backlog_read)
         return res.reset, batch, res.more
+
+    def _whole_buckets_only(self, lines: list[tuple[int, bytes | None]]) -> None:
+        """While more of the backlog waits, take only the lines that fill the open bucket and
+        whole buckets after it (``pyramid.BUCKET`` records; a line of another kind or a malformed
+        one shifts this by one, until a later slice): the rest are read again at the next poll.
+        A bucket left open at every slice's end was summarized a piece at a time, ~5 % of a cold
+        index."""
+        keep = len(lines) - (self.index.steps.open_records + len(lines)) % BUCKET
+        if 0 < keep < len(lines):
+            self.tailer.unread(lines[keep - 1][0])
+            del lines[keep:]
 
     @staticmethod
     def lines_to_send(parsed: ParsedLines, derived: list[Derived]) -> list[bytes]:

@@ -62,6 +62,7 @@ FORMAT = 3
 _HASHED = 65_536  # bytes of the log hashed at each end of the checkpointed part
 _ROW_FILES = (("offset", "q"), ("step", "q"), ("flags", "B"))
 _LITTLE = sys.byteorder == "little"
+_COL_FILES = tuple(f"col.{num}" for num in range(MAX_COLUMNS))  # (named once, not at every append)
 _LEVEL_FILE = re.compile(r"lvl\d{1,2}\.(?:b|f\d{1,4})")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")  # (of a run directory's name, in an index directory's)
 
@@ -84,7 +85,13 @@ def unwritable(exc: OSError) -> bool:
     return exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
-def _raw(a: array) -> bytes:
+def _raw(a: array | memoryview) -> bytes | memoryview:
+    """An array, or a memoryview of native values (``Rows``: the compiled scanner's float64s), as
+    the files keep them (little-endian)."""
+    if isinstance(a, memoryview):
+        if _LITTLE:
+            return a.cast("B")  # (not copied)
+        a = array(a.format, a.tobytes())  # pragma: no cover - big-endian hosts
     if not _LITTLE:  # pragma: no cover - big-endian hosts
         a = array(a.typecode, a)
         a.byteswap()
@@ -361,7 +368,7 @@ class Sidecar:
             col = rows.columns.get(name)
             # A known key's values start at the batch's first row, a new key's at its column's first;
             # a key no record of the batch has gets MISSING.
-            self._add(f"col.{num}", _raw(array("d", [MISSING])) * n if col is None else _raw(col[1]))
+            self._add(_COL_FILES[num], _raw(array("d", [MISSING])) * n if col is None else _raw(col[1]))
         self._add("rows.offset", _raw(rows.offsets))
         self._add("rows.step", _raw(rows.steps))
         self._add("rows.flags", bytes(rows.flags))

@@ -4,7 +4,7 @@ Building is batched for speed: step records are held in the *open bucket* as dec
 is summarized a column at a time with C builtins (``sorted``/``index``) when it closes (see
 benchmarks/README.md for the speed); the whole buckets that a batch read by the compiled line
 scanner fills are summarized from its float64 columns without passing through the open bucket
-(``KeyColumns.bucket_summaries``, the same summaries), and an open bucket filled by such batches
+(``KeyColumns.bucket_fields``, the same summaries), and an open bucket filled by such batches
 keeps their float64 pieces instead of lists, summarized by the scanner too (``summarize_floats``).
 Only the few records that may carry marks (a ``true`` flag, a non-finite value:
 ``parse.ParsedLines.check``) are looked at one by one. Non-finite values and flagged steps (spike,
@@ -85,6 +85,11 @@ class StepSeries:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._init_columns()
+
+    @property
+    def open_records(self) -> int:
+        """Step records in the open bucket (not summarized yet)."""
+        return len(self._ob_recs)
 
     def series_names(self) -> list[str]:
         """The names of the history series: the numeric fields, then ``ts`` when known."""
@@ -182,16 +187,12 @@ class StepSeries:
                        steps: list[int]) -> int:
         """Push the whole buckets that the records from position ``i`` fill (the open bucket being
         empty) straight into the pyramid, summarized from the compiled scanner's float64 columns
-        (``KeyColumns.bucket_summaries``, which is ``_summarize``'s ``column_summary``); returns
+        (``KeyColumns.bucket_fields``, which is ``_summarize``'s ``column_summary``); returns
         how many records they held (0: not taken here, the caller's loop does it)."""
         k = (len(steps) - i) // BUCKET
-        keys = columns.key_set()
-        summaries = []
-        for name in names:
-            got = columns.bucket_summaries(name, i, k, BUCKET) if name in keys else [None] * k
-            if got is None:
-                return 0
-            summaries.append((name, got))
+        fields = columns.bucket_fields(names, i, k, BUCKET)
+        if fields is None:
+            return 0
         increasing = columns.increasing()
         push = self.pyramid.push
         for b in range(k):
@@ -203,7 +204,7 @@ class StepSeries:
             else:
                 ordered = sorted(steps[a:a + BUCKET])
                 out.lo, out.hi = ordered[0], ordered[-1]
-            out.fields = {name: got[b] for name, got in summaries if got[b] is not None}
+            out.fields = fields[b]
             push(out)
         return k * BUCKET
 

@@ -530,6 +530,41 @@ done:
  * number) or [count, first_step, first, last_step, last, min_step, min, max_step, max] over the
  * finite values (the first of the smallest and the first of the largest); or None for the whole
  * call when some value is not finite (the caller's Python path marks those). */
+/* Whether rows [lo, hi) of v hold a number that is not finite (a MISSING_BITS row holds none). */
+static int any_nonfinite(const double *v, Py_ssize_t lo, Py_ssize_t hi) {
+    for (Py_ssize_t r = lo; r < hi; r++) {
+        unsigned long long bits;
+        memcpy(&bits, &v[r], sizeof bits);
+        if (bits != MISSING_BITS && !isfinite(v[r]))
+            return 1;
+    }
+    return 0;
+}
+
+/* pyramid.column_summary of rows [lo, lo + size) of v (finite numbers, or MISSING_BITS: none):
+ * a new list, or None (a new reference) when none of them holds a number; NULL on an error. */
+static PyObject *summarize_rows(const double *v, PyObject *steps, Py_ssize_t lo, Py_ssize_t size) {
+    Py_ssize_t count = 0, first = -1, last = -1, imin = -1, imax = -1;
+    for (Py_ssize_t r = lo; r < lo + size; r++) {
+        unsigned long long bits;
+        memcpy(&bits, &v[r], sizeof bits);
+        if (bits == MISSING_BITS)
+            continue;
+        if (first < 0)
+            first = imin = imax = r;
+        last = r;
+        count++;
+        if (v[r] < v[imin])
+            imin = r;
+        if (v[r] > v[imax])
+            imax = r;
+    }
+    if (count == 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("[nOdOdOdOd]", count, PyList_GET_ITEM(steps, first), v[first], PyList_GET_ITEM(steps, last),
+                         v[last], PyList_GET_ITEM(steps, imin), v[imin], PyList_GET_ITEM(steps, imax), v[imax]);
+}
+
 static PyObject *bucket_summaries(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer buf;
@@ -545,10 +580,62 @@ static PyObject *bucket_summaries(PyObject *self, PyObject *args) {
         goto done;
     }
     const double *v = (const double *)buf.buf;
-    for (Py_ssize_t r = start; r < start + buckets * size; r++) {
-        unsigned long long bits;
-        memcpy(&bits, &v[r], sizeof bits);
-        if (bits != MISSING_BITS && !isfinite(v[r])) {
+    if (any_nonfinite(v, start, start + buckets * size)) {
+        out = Py_None;
+        Py_INCREF(out);
+        goto done;
+    }
+    if ((out = PyList_New(buckets)) == NULL)
+        goto done;
+    for (Py_ssize_t b = 0; b < buckets; b++) {
+        PyObject *item = summarize_rows(v, steps, start + b * size, size);
+        if (item == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, b, item);
+    }
+done:
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+/* bucket_fields(names, floats, steps, start, buckets, size): the fields of each of `buckets`
+ * consecutive buckets of `size` rows from row `start`, as pyramid.Summary.fields holds them: per
+ * bucket a dict, in the order of `names`, of the summary (bucket_summaries') of each name whose
+ * float64 column (floats[k]: a buffer, or None for a name none of the rows has) holds a number in
+ * it. None when some column holds a number that is not finite in those rows. */
+static PyObject *bucket_fields(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *names, *floats, *steps;
+    Py_ssize_t start, buckets, size;
+    if (!PyArg_ParseTuple(args, "O!O!O!nnn", &PyList_Type, &names, &PyList_Type, &floats, &PyList_Type, &steps, &start,
+                          &buckets, &size))
+        return NULL;
+    Py_ssize_t nf = PyList_GET_SIZE(names);
+    if (PyList_GET_SIZE(floats) != nf || start < 0 || buckets < 0 || size <= 0 ||
+        start + buckets * size > PyList_GET_SIZE(steps)) {
+        PyErr_SetString(PyExc_ValueError, "bucket_fields: names, floats or rows out of range");
+        return NULL;
+    }
+    Py_buffer *bufs = PyMem_Calloc((size_t)(nf > 0 ? nf : 1), sizeof(Py_buffer));
+    if (bufs == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t got = 0;  /* buffers taken: bufs[k] for k < got whose obj is not NULL */
+    PyObject *out = NULL;
+    for (; got < nf; got++) {
+        PyObject *f = PyList_GET_ITEM(floats, got);
+        if (f == Py_None)
+            continue;
+        if (PyObject_GetBuffer(f, &bufs[got], PyBUF_SIMPLE) < 0)
+            goto done;
+        if (bufs[got].len / (Py_ssize_t)sizeof(double) < start + buckets * size) {
+            PyErr_SetString(PyExc_ValueError, "bucket_fields: a column is shorter than the rows");
+            got++;
+            goto done;
+        }
+        if (any_nonfinite((const double *)bufs[got].buf, start, start + buckets * size)) {
+            got++;
             out = Py_None;
             Py_INCREF(out);
             goto done;
@@ -557,38 +644,29 @@ static PyObject *bucket_summaries(PyObject *self, PyObject *args) {
     if ((out = PyList_New(buckets)) == NULL)
         goto done;
     for (Py_ssize_t b = 0; b < buckets; b++) {
-        Py_ssize_t lo = start + b * size, count = 0, first = -1, last = -1, imin = -1, imax = -1;
-        for (Py_ssize_t r = lo; r < lo + size; r++) {
-            unsigned long long bits;
-            memcpy(&bits, &v[r], sizeof bits);
-            if (bits == MISSING_BITS)
-                continue;
-            if (first < 0)
-                first = imin = imax = r;
-            last = r;
-            count++;
-            if (v[r] < v[imin])
-                imin = r;
-            if (v[r] > v[imax])
-                imax = r;
+        PyObject *fields = PyDict_New();
+        if (fields == NULL) {
+            Py_CLEAR(out);
+            goto done;
         }
-        PyObject *item;
-        if (count == 0) {
-            item = Py_None;
-            Py_INCREF(item);
-        } else {
-            item = Py_BuildValue("[nOdOdOdOd]", count, PyList_GET_ITEM(steps, first), v[first],
-                                 PyList_GET_ITEM(steps, last), v[last], PyList_GET_ITEM(steps, imin), v[imin],
-                                 PyList_GET_ITEM(steps, imax), v[imax]);
-            if (item == NULL) {
+        PyList_SET_ITEM(out, b, fields);
+        for (Py_ssize_t k = 0; k < nf; k++) {
+            if (bufs[k].obj == NULL)
+                continue;
+            PyObject *item = summarize_rows((const double *)bufs[k].buf, steps, start + b * size, size);
+            if (item == NULL || (item != Py_None && PyDict_SetItem(fields, PyList_GET_ITEM(names, k), item) < 0)) {
+                Py_XDECREF(item);
                 Py_CLEAR(out);
                 goto done;
             }
+            Py_DECREF(item);
         }
-        PyList_SET_ITEM(out, b, item);
     }
 done:
-    PyBuffer_Release(&buf);
+    for (Py_ssize_t k = 0; k < got; k++)
+        if (bufs[k].obj != NULL)
+            PyBuffer_Release(&bufs[k]);
+    PyMem_Free(bufs);
     return out;
 }
 
@@ -779,13 +857,155 @@ done:
     return out;
 }
 
+/* The k-th smallest of v[0..n) (0-based), v reordered (Hoare's selection, median-of-three pivot). */
+static double select_kth(double *v, Py_ssize_t n, Py_ssize_t k) {
+    Py_ssize_t lo = 0, hi = n - 1;
+    while (hi > lo) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        double a = v[lo], b = v[mid], c = v[hi];
+        double pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] < pivot)
+                i++;
+            while (v[j] > pivot)
+                j--;
+            if (i <= j) {
+                double t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            return v[k];
+    }
+    return v[k];
+}
+
+/* median(values) -> the median of a sequence of floats as sorted() gives it (the middle one, or
+ * the mean of the two middle ones), or None when it cannot be sure to give the same: an empty
+ * sequence, a value that is not a float, a NaN, or a zero median (sorted keeps 0.0 and -0.0 in
+ * their order, which a selection does not). */
+static PyObject *median(PyObject *self, PyObject *arg) {
+    (void)self;
+    PyObject *seq = PySequence_Fast(arg, "median expects a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    double stack[512];
+    double *v = n <= 512 ? stack : PyMem_Malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    if (v == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    int ok = n > 0;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        ok = PyFloat_CheckExact(items[i]);
+        if (ok) {
+            v[i] = PyFloat_AS_DOUBLE(items[i]);
+            ok = v[i] == v[i];
+        }
+    }
+    Py_DECREF(seq);
+    double m = 0.0;
+    if (ok) {
+        Py_ssize_t mid = n / 2;
+        m = select_kth(v, n, mid);
+        if (n % 2 == 0) {  /* the largest of those below the middle one: the (mid - 1)-th */
+            double below = v[0];
+            for (Py_ssize_t i = 1; i < mid; i++)
+                if (v[i] > below)
+                    below = v[i];
+            m = 0.5 * (below + m);
+        }
+        ok = m != 0.0;
+    }
+    if (v != stack)
+        PyMem_Free(v);
+    if (!ok)
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble(m);
+}
+
+/* split_lines(data, start, base, max_line): the complete lines of data[start:] (each ending with
+ * "\n", a "\r" before it dropped) as (end offset, line) pairs, the end offset being base + the
+ * position after the line's "\n"; and the position after the last "\n" (start when none). None
+ * when a line is longer than max_line (the caller's own loop skips it). */
+static PyObject *split_lines(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer buf;
+    Py_ssize_t start, max_line;
+    long long base;
+    if (!PyArg_ParseTuple(args, "y*nLn", &buf, &start, &base, &max_line))
+        return NULL;
+    const char *data = (const char *)buf.buf;
+    Py_ssize_t len = buf.len;
+    PyObject *out = PyList_New(0);
+    if (out == NULL || start < 0 || start > len) {
+        if (out != NULL)
+            PyErr_SetString(PyExc_ValueError, "split_lines: start out of range");
+        Py_XDECREF(out);
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    Py_ssize_t p = start;
+    for (;;) {
+        const char *nl = memchr(data + p, '\n', (size_t)(len - p));
+        if (nl == NULL)
+            break;
+        Py_ssize_t e = nl - data;
+        Py_ssize_t n = e - p;
+        if (n > max_line) {
+            Py_DECREF(out);
+            PyBuffer_Release(&buf);
+            Py_RETURN_NONE;
+        }
+        if (n > 0 && data[e - 1] == '\r')
+            n--;
+        PyObject *line = PyBytes_FromStringAndSize(data + p, n);
+        PyObject *end = line != NULL ? PyLong_FromLongLong(base + e + 1) : NULL;
+        PyObject *pair = end != NULL ? PyTuple_New(2) : NULL;
+        if (pair == NULL) {
+            Py_XDECREF(line);
+            Py_XDECREF(end);
+            Py_DECREF(out);
+            PyBuffer_Release(&buf);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(pair, 0, end);
+        PyTuple_SET_ITEM(pair, 1, line);
+        if (PyList_Append(out, pair) < 0) {
+            Py_DECREF(pair);
+            Py_DECREF(out);
+            PyBuffer_Release(&buf);
+            return NULL;
+        }
+        Py_DECREF(pair);
+        p = e + 1;
+    }
+    PyBuffer_Release(&buf);
+    return Py_BuildValue("(Nn)", out, p);
+}
+
 static PyMethodDef methods[] = {
+    {"bucket_fields", bucket_fields, METH_VARARGS,
+     "bucket_fields(names, floats, steps, start, buckets, size) -> [{name: summary} per bucket] or None"},
     {"bucket_summaries", bucket_summaries, METH_VARARGS,
      "bucket_summaries(floats, steps, start, buckets, size) -> [summary or None per bucket] or None"},
     {"field_points", field_points, METH_VARARGS,
      "field_points(records, first, nodes) -> [(step, value)] of the buckets' summaries, or None"},
     {"m4_indices", m4_indices, METH_VARARGS,
      "m4_indices(floats, buckets) -> [row positions kept] or None (a row without a number)"},
+    {"median", median, METH_O, "median(values) -> the median of floats as sorted() gives it, or None"},
+    {"split_lines", split_lines, METH_VARARGS,
+     "split_lines(data, start, base, max_line) -> ([(end, line)], position after the last newline) or None"},
     {"scan_steps", scan_steps, METH_O, "scan_steps(texts) -> (records, undecided, columns, types, floats, steps, not_steps)"},
     {NULL, NULL, 0, NULL},
 };
