@@ -184,3 +184,57 @@ def test_key_first_none_then_nan_across_a_bucket_close_in_one_batch():
     assert whole.steps.fields == ["loss", "x", "y"]
     assert [m[:3] for m in whole.steps.marks] == [(BUCKET + 2, "nonfinite", "x")]
     _check(lines, [7, BUCKET + 5])
+
+
+def _mixed_log(rnd: random.Random, n: int) -> list[bytes]:
+    """Step records with every other kind among them: ``system`` and ``eval`` records often,
+    ``layers``, events, headers (a resumed run: steps go back and repeat) and ``end`` records now
+    and then."""
+    lines, step = [], 0
+    for _ in range(n):
+        r = rnd.random()
+        if r < 0.03:
+            lines.append({"type": "header", "run_id": "r"})
+            step = max(0, step - rnd.randrange(60))  # (resumed from an older checkpoint)
+        elif r < 0.05:
+            lines.append({"type": "event", "step": step, "kind": "note", "message": "m"})
+        elif r < 0.06:
+            lines.append({"type": "end", "status": "finished"})
+        elif r < 0.2:
+            extra = {"gpu_mem": rnd.random()} if rnd.random() < 0.5 else {}
+            lines.append({"type": "system", "step": step, "ts": float(step), "cpu": rnd.random(), **extra})
+        elif r < 0.25:
+            lines.append({"type": "eval", "step": step, "eval_loss": rnd.random()})
+        elif r < 0.26:
+            lines.append({"type": "layers", "step": step, "names": ["a"], "grad_norm": [rnd.random()]})
+        else:
+            step += 1
+            rec = {"type": "step", "step": step, "loss": rnd.random() * (30 if rnd.random() < 0.02 else 1),
+                   "grad_norm": rnd.random(), "ts": float(step)}
+            if rnd.random() < 0.02:
+                rec["spike"] = True
+            lines.append(rec)
+    return [json.dumps(rec, separators=(",", ":")).encode() for rec in lines]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), n=st.integers(1, 4 * BUCKET), cap=st.sampled_from([8, 20_000]),
+       cuts=st.lists(st.integers(1, 5 * BUCKET), max_size=10))
+def test_other_records_among_the_step_records_do_not_depend_on_batch_boundaries(seed, n, cap, cuts):
+    # A batch's system, eval and layers records are taken after the step records around them
+    # (RunIndex._add_mixed): the index is the one fed line by line, also where a system field is
+    # compacted (cap 8: its kept points depend on the segments at that record, so every record is
+    # then taken in its place) and where headers, events and ends order the step records.
+    from gradmon.server import index as index_module
+
+    lines = _mixed_log(random.Random(seed), n)
+    with mock.patch.object(index_module, "MAX_SYSTEM_POINTS", cap):
+        pairs = line_pairs(lines)
+        by_line = _indexed(pairs, list(range(1, len(pairs))))
+        for idx in (_indexed(pairs, sorted({c % len(lines) for c in cuts} - {0})), _indexed(pairs, [])):
+            assert _answers(idx, pairs) == _answers(by_line, pairs)
+            snap, want = idx.snapshot(), by_line.snapshot()
+            assert (snap.events, snap.eval, snap.layers, snap.headers) == \
+                (want.events, want.eval, want.layers, want.headers)
+            assert snap.system_in(-math.inf, math.inf, 10**6) == want.system_in(-math.inf, math.inf, 10**6)
+            assert idx.system.compactions == by_line.system.compactions

@@ -189,10 +189,10 @@ def _polled(run: Run, max_bytes: int) -> tuple[list, list[int]]:
 
 
 def test_a_backlog_is_indexed_in_whole_buckets_with_no_line_lost_or_read_twice(tmp_path):
-    # A plain log read in 32 KB slices: every slice but the last ends on a bucket boundary (the lines
-    # after it are read again at the next poll). A log with other records and malformed lines in
-    # it: the batches still join up, each line is sent once, the index is the whole log's, and so
-    # is the one its sidecar restores.
+    # A log read in 32 KB slices: every slice but the last ends on a bucket boundary (the lines after
+    # it are read again at the next poll), also where other records and malformed lines lie between
+    # the step records. The batches still join up, each line is sent once, the index is the whole
+    # log's, and so is the one its sidecar restores.
     plain = tmp_path / "plain" / "metrics.jsonl"
     plain.parent.mkdir()
     plain.write_text("".join(_step(i, grad_norm=1.0 + i % 7) for i in range(1, 6001)))
@@ -209,7 +209,8 @@ def test_a_backlog_is_indexed_in_whole_buckets_with_no_line_lost_or_read_twice(t
             lines.append("not json\n" if i % 666 else event)
     mixed.write_text("".join(lines))
     run = Run("m", str(mixed))
-    batches, _open_after = _polled(run, 32 << 10)
+    batches, open_after = _polled(run, 32 << 10)
+    assert len(open_after) > 10 and set(open_after) == {0}  # (only step records fill buckets)
     assert [b.prev for b in batches[1:]] == [b.cursor for b in batches[:-1]]
     assert batches[0].prev == 0 and batches[-1].cursor == mixed.stat().st_size
     sent = [json.loads(ln) for b in batches for ln in b.lines]

@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 import math
 from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import itemgetter, ne
+from operator import eq, itemgetter, ne
 from typing import Any
 
 from gradmon.logformat.schema import NOT_SERIES
@@ -47,6 +48,9 @@ MAX_HEADERS = 1_000
 MAX_EVAL_POINTS = 200_000
 MAX_SYSTEM_POINTS = 20_000  # per system field; past that a field is downsampled (min/max kept)
 MAX_SYSTEM_FIELDS = 64
+# Records whose place among a batch's step records does not change what the index holds (see
+# RunIndex._add_mixed); the other kinds (header, event, end) order the step records around them.
+_UNORDERED = frozenset({"system", "eval", "layers"})
 
 
 class RunIndex:
@@ -100,25 +104,48 @@ class RunIndex:
         kinds = cols.values("type") if cols is not None else list(map(itemgetter("type"), recs))
         if kinds.count("step") == len(recs):  # the common batch: step records only
             self._add_steps(recs, offsets, check, cols)
-        else:  # runs of step records between the other records, in file order
-            step_cols = parsed.step_columns  # (a run's columns: slices of these, when taken)
-            others = list(compress(range(len(recs)), map(ne, kinds, repeat("step"))))  # (no loop per record)
-            i = 0
-            a = 0  # how many step records the runs before this one held
-            for j in [*others, len(recs)]:
-                if j > i:  # the step records [i, j)
-                    run_cols = step_cols.sliced(a, a + j - i) if step_cols is not None else None
-                    self._add_steps(run_cols.records if run_cols is not None else recs[i:j], offsets[i:j],
-                                    [c - i for c in check if i <= c < j], run_cols)
-                    a += j - i
-                if j < len(recs):
-                    self._add_other(recs[j], offsets[j])
-                i = j + 1
+        else:
+            self._add_mixed(recs, offsets, check, kinds, parsed.step_columns)
         self.last_ts = next((ts for rec in reversed(recs) if (ts := finite(rec.get(TS))) is not None),
                             self.last_ts)
         if self.first_ts is None:
             self.first_ts = next((ts for rec in recs if (ts := finite(rec.get(TS))) is not None), None)
         return parsed
+
+    def _add_mixed(self, recs: list[dict], offsets: list[int], check: list[int], kinds: list[Any],
+                   step_cols: KeyColumns | None) -> None:
+        """A batch of step records and others, in file order: the step records between two records
+        that order them (headers, events, ends: ``_ORDERING``) go in together, then the others
+        between those two (``system``, ``eval``, ``layers``: what they hold does not depend on the
+        steps around them), then the ordering record. Only a ``system`` field that could be
+        compacted here (``SampledSeries``: which points it drops depends on the segments as
+        they are then) keeps every record in its place: one run of step records at a time."""
+        others = list(compress(range(len(recs)), map(ne, kinds, repeat("step"))))  # (no loop per record)
+        system = [kinds[j] == "system" for j in others].count(True)
+        if system and not self.system.room(system):
+            ordering = others
+        else:
+            ordering = [j for j in others if kinds[j] not in _UNORDERED]
+        at = list(compress(range(len(recs)), map(eq, kinds, repeat("step"))))  # the step records' positions
+        a = 0  # how many step records the stretches before this one held
+        k = 0  # how many other records the stretches before this one held
+        i = 0
+        for j in [*ordering, len(recs)]:
+            b = bisect_left(at, j, a)  # the step records [a, b) lie before j
+            if b > a:
+                run_cols = step_cols.sliced(a, b) if step_cols is not None else None
+                pos = at[a:b]
+                self._add_steps(run_cols.records if run_cols is not None else [recs[p] for p in pos],
+                                [offsets[p] for p in pos] if b - a != j - i else offsets[i:j],
+                                [bisect_left(pos, c) for c in check if i <= c < j and kinds[c] == "step"],
+                                run_cols)
+            while k < len(others) and others[k] < j:  # the others of this stretch, in order
+                self._add_other(recs[others[k]], offsets[others[k]])
+                k += 1
+            if j < len(recs):
+                self._add_other(recs[j], offsets[j])
+                k += 1
+            a, i = b, j + 1
 
     def _add_steps(self, recs: list[dict], offsets: list[int], check: list[int],
                    columns: KeyColumns | None = None) -> None:

@@ -169,6 +169,11 @@ def _self_test(module: ModuleType) -> None:
                                       [nan], [])]
     if got != [2.0, 2.5, None, None, None, None]:
         raise NativeBuildError(f"the compiled median's self-test failed: {got!r}")
+    # Where a slice's step records fill buckets of 2, one record already in the open one.
+    step, other = b'{"type":"step","step":1}', b'{"type":"system"}'
+    got = module.bucket_cut(list(enumerate([step, other, step, step, other, step, None])), 1, 2)
+    if got != 4:
+        raise NativeBuildError(f"the compiled bucket cut's self-test failed: {got!r}")
 
 
 def scanner() -> ModuleType | None:

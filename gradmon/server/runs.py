@@ -23,6 +23,7 @@ from typing import Any
 from gradmon.server.columns import step_rows
 from gradmon.server.derived import Derived, splice
 from gradmon.server.index import RunIndex
+from gradmon.server.native import scanner as _native_scanner
 from gradmon.server.parse import ParsedLines
 from gradmon.server.pyramid import BUCKET, TAIL_MAX
 from gradmon.server.sidecar import ColumnsRef, Sidecar, unwritable
@@ -305,13 +306,15 @@ class Run:
         return res.reset, batch, res.more
 
     def _whole_buckets_only(self, lines: list[tuple[int, bytes | None]]) -> None:
-        """While more of the backlog waits, take only the lines that fill the open bucket and
-        whole buckets after it (``pyramid.BUCKET`` records; a line of another kind or a malformed
-        one shifts this by one, until a later slice): the rest are read again at the next poll.
-        A bucket left open at every slice's end was summarized a piece at a time, ~5 % of a cold
-        index."""
-        keep = len(lines) - (self.index.steps.open_records + len(lines)) % BUCKET
-        if 0 < keep < len(lines):
+        """While more of the backlog waits, take only the lines whose step records fill the open
+        bucket and whole buckets after it (``pyramid.BUCKET`` records; the compiled scanner's
+        ``bucket_cut``): the rest are read again at the next poll. A bucket left open at every
+        slice's end was summarized a piece at a time, ~5 % of a cold index."""
+        native = _native_scanner()
+        if native is None:
+            return
+        keep = native.bucket_cut(lines, self.index.steps.open_records, BUCKET)
+        if keep < len(lines):
             self.tailer.unread(lines[keep - 1][0])
             del lines[keep:]
 

@@ -48,6 +48,11 @@ class SampledSeries:
         self.fields: dict[str, _Points] = {}
         self.compactions = 0  # times a field was downsampled (the data is then not exact)
 
+    def room(self, records: int) -> bool:
+        """Whether ``records`` more records fit without compacting a field (each adds at most one
+        point per field)."""
+        return records <= self.cap and all(len(p.steps) + records <= self.cap for p in self.fields.values())
+
     def add(self, step: int, values: Sequence[tuple[str, float]], seg: int,
             replaced: Callable[[], Replaced]) -> None:
         """Add one record's numeric ``(name, value)`` pairs at ``step`` in segment ``seg``.

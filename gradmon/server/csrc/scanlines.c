@@ -934,6 +934,46 @@ static PyObject *median(PyObject *self, PyObject *arg) {
     return PyFloat_FromDouble(m);
 }
 
+/* Whether a line is a step record as gradmon's writer writes it ({"type":"step" first). */
+static int step_line(PyObject *line) {
+    static const char prefix[] = "{\"type\":\"step\"";
+    return PyBytes_Check(line) && PyBytes_GET_SIZE(line) >= (Py_ssize_t)sizeof prefix - 1 &&
+           memcmp(PyBytes_AS_STRING(line), prefix, sizeof prefix - 1) == 0;
+}
+
+/* bucket_cut(lines, open_records, bucket): how many of lines ((end, line) pairs) to index so that
+ * the step records among them fill the open bucket (open_records held) and whole buckets after it:
+ * the position after the step line that does; len(lines) when they fill none, or all. Lines count
+ * as step records when they start as the writer writes one; a step record written otherwise only
+ * leaves a bucket open, which a later slice closes. */
+static PyObject *bucket_cut(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *lines;
+    Py_ssize_t open_records, bucket;
+    if (!PyArg_ParseTuple(args, "O!nn", &PyList_Type, &lines, &open_records, &bucket))
+        return NULL;
+    if (bucket <= 0 || open_records < 0) {
+        PyErr_SetString(PyExc_ValueError, "bucket_cut: bucket must be positive, open_records not negative");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(lines), steps = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = PyList_GET_ITEM(lines, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "bucket_cut expects (end, line) pairs");
+            return NULL;
+        }
+        steps += step_line(PyTuple_GET_ITEM(pair, 1));
+    }
+    Py_ssize_t keep = steps - (open_records + steps) % bucket;  /* step records to index */
+    if (keep <= 0 || keep == steps)
+        return PyLong_FromSsize_t(n);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (step_line(PyTuple_GET_ITEM(PyList_GET_ITEM(lines, i), 1)) && --keep == 0)
+            return PyLong_FromSsize_t(i + 1);
+    return PyLong_FromSsize_t(n);  /* (not reached) */
+}
+
 /* split_lines(data, start, base, max_line): the complete lines of data[start:] (each ending with
  * "\n", a "\r" before it dropped) as (end offset, line) pairs, the end offset being base + the
  * position after the line's "\n"; and the position after the last "\n" (start when none). None
@@ -1003,6 +1043,8 @@ static PyMethodDef methods[] = {
      "field_points(records, first, nodes) -> [(step, value)] of the buckets' summaries, or None"},
     {"m4_indices", m4_indices, METH_VARARGS,
      "m4_indices(floats, buckets) -> [row positions kept] or None (a row without a number)"},
+    {"bucket_cut", bucket_cut, METH_VARARGS,
+     "bucket_cut(lines, open_records, bucket) -> how many lines fill the open bucket and whole buckets"},
     {"median", median, METH_O, "median(values) -> the median of floats as sorted() gives it, or None"},
     {"split_lines", split_lines, METH_VARARGS,
      "split_lines(data, start, base, max_line) -> ([(end, line)], position after the last newline) or None"},
