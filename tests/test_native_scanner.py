@@ -192,6 +192,23 @@ def _check_scan(texts: list[bytes | None]) -> None:
             by_orjson, by_stdlib = _reads(line)
             assert isinstance(by_orjson, dict) and "type" in by_orjson and by_orjson["type"] != "step", line
             assert by_stdlib == by_orjson
+    # scan_records (for the lines parse_lines leaves to decode_record) decides the same lines, as
+    # the same records, and decode_record validates them alone: the same record, or none.
+    from gradmon.logformat.jsonl import RecordError, decode_record, validate_record
+
+    scanned = native.scanner().scan_records(list(texts))
+    assert [i for i, r in enumerate(scanned) if r is None] == undecided
+    for line, rec, by_steps in zip(texts, scanned, records):
+        if rec is None:
+            continue
+        assert _same(rec, _reads(line)[0]) and (by_steps is None or _same(rec, by_steps)), line
+        try:
+            want_rec, normalized = decode_record(line)
+        except RecordError:
+            with pytest.raises(RecordError):
+                validate_record(rec)
+        else:
+            assert not normalized and _same(validate_record(rec), want_rec), line
     want = KeyColumns(steps)
     assert set(columns) == want.key_set() == set(types)
     for key, column in columns.items():

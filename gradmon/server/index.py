@@ -115,11 +115,12 @@ class RunIndex:
     def _add_mixed(self, recs: list[dict], offsets: list[int], check: list[int], kinds: list[Any],
                    step_cols: KeyColumns | None) -> None:
         """A batch of step records and others, in file order: the step records between two records
-        that order them (headers, events, ends: ``_ORDERING``) go in together, then the others
-        between those two (``system``, ``eval``, ``layers``: what they hold does not depend on the
-        steps around them), then the ordering record. Only a ``system`` field that could be
-        compacted here (``SampledSeries``: which points it drops depends on the segments as
-        they are then) keeps every record in its place: one run of step records at a time."""
+        that order them (headers, events, ends: the kinds not in ``_UNORDERED``) go in together,
+        then the others between those two (``system``, ``eval``, ``layers``: what they hold does
+        not depend on the steps around them), then the ordering record. When a ``system`` field
+        could be compacted in this batch (``SampledSeries``: which points it drops depends on the
+        segments as they are then), every record keeps its place: one run of step records at a
+        time, as fed line by line."""
         others = list(compress(range(len(recs)), map(ne, kinds, repeat("step"))))  # (no loop per record)
         system = [kinds[j] == "system" for j in others].count(True)
         if system and not self.system.room(system):

@@ -149,6 +149,9 @@ def _self_test(module: ModuleType) -> None:
     want = (records, *rest, floats, [r for r in records if r is not None], [2, 3, 4])
     if got != want:
         raise NativeBuildError(f"the compiled scanner's self-test failed: {got!r}")
+    got = module.scan_records(list(_SELF_TEST))
+    if got != [*records[:2], {"type": "event", "step": 3}, None, None]:
+        raise NativeBuildError(f"the compiled record scanner's self-test failed: {got!r}")
     nan = float("nan")
     got = (module.m4_indices(struct.pack("<10d", 1, nan, 3, 0, 5, 2, 2, 9, -1, 4), 2),
            module.m4_indices(missing + struct.pack("<9d", *range(9)), 2))

@@ -324,7 +324,7 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
         flagged = {i for i, (_e, ln) in enumerate(lines) if ln is not None and b"true" in ln} \
             if _has_true(blob) else set()
     if valid:
-        slow_steps = _assemble(lines, texts, start, decoded, slow, flagged, typeless, out)
+        slow_steps = _assemble(lines, texts, start, decoded, slow, flagged, typeless, out, scan)
         # (the common batch: the records are the ones validated, whose columns are taken already)
         if out.records is fast.records:
             out.columns = fast
@@ -365,10 +365,12 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
 
 def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | None], start: int,
               decoded: list[Any], slow: list[int], flagged: set[int], typeless: set[int],
-              out: ParsedLines) -> bool:
+              out: ParsedLines, scan: Any = None) -> bool:
     """The result when every fast-path record is valid, into ``out``: ``decode_record`` decides
-    the lines at positions ``slow`` only (the common batch has none). ``texts``: the lines' bytes.
-    Returns whether some of the records it decoded are step records."""
+    the lines at positions ``slow`` only (the common batch has none; ``scan``: the compiled
+    scanner, which reads those of them it decides, records of other kinds, for ``decode_record``
+    to validate only). ``texts``: the lines' bytes. Returns whether some of the records it decoded
+    are step records."""
     raw: list[Any] = list(texts) if typeless or slow else texts
     for i in typeless:
         if decoded[i] is not None:
@@ -379,8 +381,10 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | Non
     check = set(flagged)
     bad: list[int] = []
     slow_steps = False
-    for i in slow:
-        got = _decode_slow(raw[i])
+    scanned = scan.scan_records([raw[i] for i in slow]) if scan is not None and slow else None
+    for k, i in enumerate(slow):
+        rec = scanned[k] if scanned is not None else None
+        got = _decode_slow(raw[i]) if rec is None else _validated(rec, raw[i])
         if got is None:
             bad.append(i)
             continue
@@ -458,6 +462,15 @@ def _step_record(obj: Any, i: int, typeless: set[int]) -> dict | None:
         typeless.add(i)
         return {"type": "step", **obj}
     return None
+
+
+def _validated(rec: dict, line: bytes) -> tuple[dict, bytes] | None:
+    """``_decode_slow`` of a line the compiled scanner decided (``rec``: what ``decode_record``
+    reads there, never normalized: a flat record with a ``type``, no NaN or Infinity in it)."""
+    try:
+        return validate_record(rec), line.strip()
+    except RecordError:
+        return None
 
 
 def _decode_slow(line: bytes | None) -> tuple[dict, bytes] | None:

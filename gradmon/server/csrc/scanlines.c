@@ -530,6 +530,78 @@ done:
  * number) or [count, first_step, first, last_step, last, min_step, min, max_step, max] over the
  * finite values (the first of the smallest and the first of the largest); or None for the whole
  * call when some value is not finite (the caller's Python path marks those). */
+/* scan_records(texts): per line (bytes, or None), the dict of the record it holds when this scanner
+ * decides it (a flat record of any kind, by scan_steps' rules: what orjson and the standard
+ * library read), else None. For the lines scan_steps leaves to decode_record (records of other
+ * kinds), which then only validates the record. */
+static PyObject *scan_records(PyObject *self, PyObject *texts) {
+    (void)self;
+    if (!PyList_Check(texts)) {
+        PyErr_SetString(PyExc_TypeError, "scan_records expects a list of bytes");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(texts);
+    Table *t = PyMem_Calloc(1, sizeof(Table));
+    Entry **ents = PyMem_Malloc(sizeof(Entry *) * MAX_FIELDS);
+    Entry **order = PyMem_Calloc(MAX_FIELDS, sizeof(Entry *));
+    PyObject **vals = PyMem_Malloc(sizeof(PyObject *) * MAX_FIELDS);
+    int *kinds = PyMem_Malloc(sizeof(int) * MAX_FIELDS);
+    double *nums = PyMem_Malloc(sizeof(double) * MAX_FIELDS);
+    const unsigned char **toks = PyMem_Malloc(sizeof(unsigned char *) * MAX_FIELDS);
+    Py_ssize_t *tlens = PyMem_Malloc(sizeof(Py_ssize_t) * MAX_FIELDS);
+    PyObject *out = PyList_New(n);
+    if (t == NULL || ents == NULL || order == NULL || vals == NULL || kinds == NULL || nums == NULL || toks == NULL ||
+        tlens == NULL || out == NULL) {
+        PyErr_NoMemory();
+        Py_CLEAR(out);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(out, i, Py_None);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(texts, i);
+        int nf = 0, is_step = 0, got = 0;
+        if (PyBytes_Check(item)) {
+            const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(item);
+            got = scan_line(t, p, p + PyBytes_GET_SIZE(item), i, ents, vals, kinds, nums, toks, tlens, &nf, &is_step,
+                            order, 0);
+        }
+        if (got <= 0) {
+            release(vals, nf);
+            if (got < 0) {
+                Py_CLEAR(out);
+                goto done;
+            }
+            continue;
+        }
+        PyObject *rec = PyDict_New();
+        for (int k = 0; rec != NULL && k < nf; k++)
+            if (PyDict_SetItem(rec, ents[k]->key, vals[k]) < 0)
+                Py_CLEAR(rec);
+        release(vals, nf);
+        if (rec == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SetItem(out, i, rec);  /* (steals rec, lets go of the None) */
+    }
+done:
+    if (t != NULL) {
+        clear_table(t);
+        PyMem_Free(t);
+    }
+    PyMem_Free(ents);
+    PyMem_Free(order);
+    PyMem_Free(vals);
+    PyMem_Free(kinds);
+    PyMem_Free(nums);
+    PyMem_Free(toks);
+    PyMem_Free(tlens);
+    return out;
+}
+
 /* Whether rows [lo, hi) of v hold a number that is not finite (a MISSING_BITS row holds none). */
 static int any_nonfinite(const double *v, Py_ssize_t lo, Py_ssize_t hi) {
     for (Py_ssize_t r = lo; r < hi; r++) {
@@ -1048,6 +1120,7 @@ static PyMethodDef methods[] = {
     {"median", median, METH_O, "median(values) -> the median of floats as sorted() gives it, or None"},
     {"split_lines", split_lines, METH_VARARGS,
      "split_lines(data, start, base, max_line) -> ([(end, line)], position after the last newline) or None"},
+    {"scan_records", scan_records, METH_O, "scan_records(texts) -> [the dict of each line it decides, else None]"},
     {"scan_steps", scan_steps, METH_O, "scan_steps(texts) -> (records, undecided, columns, types, floats, steps, not_steps)"},
     {NULL, NULL, 0, NULL},
 };
