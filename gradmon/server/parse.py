@@ -52,6 +52,8 @@ _TYPE_OK = {
     **{key: frozenset({int, float, type(None)}) for key in NUMBER_FIELDS},
 }
 _TYPE_OK["step"] = frozenset({int})  # the fast path only takes step records, which need a step
+# The same rules for records of the other kinds, whose ``step`` may be absent.
+_OTHER_TYPE_OK = {**_TYPE_OK, "step": frozenset({int, type(None)})}
 _NONE = type(None)
 # The compiled scanner's type bits (csrc/scanlines.c) -> the set of types they stand for.
 _TYPE_BITS = ((1, int), (2, float), (4, str), (8, bool), (16, _NONE))
@@ -382,9 +384,13 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | Non
     bad: list[int] = []
     slow_steps = False
     scanned = scan.scan_records([raw[i] for i in slow]) if scan is not None and slow else None
+    valid = scanned is not None and _others_valid([r for r in scanned if r is not None])
     for k, i in enumerate(slow):
         rec = scanned[k] if scanned is not None else None
-        got = _decode_slow(raw[i]) if rec is None else _validated(rec, raw[i])
+        if rec is None:
+            got = _decode_slow(raw[i])
+        else:  # (read by the scanner: validated above, all at once, else here)
+            got = (rec, raw[i].strip()) if valid else _validated(rec, raw[i])
         if got is None:
             bad.append(i)
             continue
@@ -592,6 +598,18 @@ def _candidates_native(scan: Any, texts: list[bytes | None]) -> tuple[
     if not holes:
         return decoded, typeless, ["step"] * len(decoded) if not typeless else None, holes, decoded, scanned
     return decoded, typeless, None, holes, steps, scanned
+
+
+def _others_valid(records: list[dict]) -> bool:
+    """Whether ``validate_record`` accepts every one of ``records`` (records of kinds other than
+    ``step`` that the compiled scanner read), checked a column at a time; ``False`` also when one
+    of them is a step record (each is then validated alone)."""
+    columns = KeyColumns(records)
+    kinds = columns.values("type")
+    if not records or columns.types("type") != {str} or "" in kinds or "step" in kinds:
+        return False
+    keys = columns.key_set()
+    return all(columns.types(key) <= ok for key, ok in _OTHER_TYPE_OK.items() if key in keys)
 
 
 def _all_valid(columns: KeyColumns) -> bool:
