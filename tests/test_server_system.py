@@ -7,6 +7,8 @@ import asyncio
 import math
 
 import psutil
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from server_helpers import append, get_json, header, index_of, recv_json, step, wait_for
 from websockets.asyncio.client import connect
 
@@ -73,6 +75,48 @@ def test_sampled_series_caps_fields_and_rejects_a_tiny_cap():
 
 
 # ---- RunIndex ------------------------------------------------------------------------------------
+
+_SYSTEM_VALUE = st.one_of(st.floats(allow_nan=True), st.integers(-5, 5), st.just(10**400), st.none(),
+                          st.booleans(), st.just("x"))
+_SYSTEM_NAMES = st.lists(st.sampled_from(["cpu", "mem", "gpu", "io"]), unique=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), _SYSTEM_NAMES, st.lists(_SYSTEM_VALUE, min_size=4, max_size=4)),
+                max_size=40),
+       st.integers(1, 5), st.integers(0, 3), st.booleans())
+def test_sampled_series_add_columns_is_add_record_by_record(records, max_fields, seg, primed):
+    # Records at steps that repeat (the newest point wins), fields that start late or hold no
+    # number (None, text, bools), NaN, a huge integer, more fields than max_fields, a series that
+    # already holds points: a field at a time is record by record, field order included.
+    from gradmon.server.values import number
+
+    def fresh() -> SampledSeries:
+        out = SampledSeries(cap=20_000, max_fields=max_fields)
+        if primed:
+            out.add(0, [("mem", 1.0)], seg, lambda: Replaced.of_spans([], [], []))
+        return out
+
+    recs, steps = [], []
+    step = 0
+    for gap, names, values in records:
+        step += gap
+        steps.append(step)
+        recs.append({"type": "system", "step": step, **dict(zip(names, values))})
+    one = fresh()
+    for s, rec in zip(steps, recs):
+        values = [(k, v) for k, raw in rec.items()
+                  if k not in ("type", "step") and (v := number(raw)) is not None]
+        one.add(s, values, seg, lambda: Replaced.of_spans([], [], []))
+    names = dict.fromkeys(k for r in recs for k in r if k not in ("type", "step"))
+    together = fresh()
+    together.add_columns(steps, {k: [number(r.get(k)) for r in recs] for k in names}, recs, seg)
+    assert list(together.fields) == list(one.fields)
+    for name, pts in one.fields.items():
+        got = together.fields[name]
+        assert (list(got.steps), repr(list(got.values)), list(got.seg)) == \
+            (list(pts.steps), repr(list(pts.values)), list(pts.seg)), name
+
 
 def test_index_keeps_system_fields_and_latest_layers():
     recs = [header(), step(1), {"type": "system", "ts": 1.0, "cpu_percent": 3.0},  # no step: skipped

@@ -27,7 +27,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import eq, itemgetter, ne
 from typing import Any
 
@@ -51,6 +51,7 @@ MAX_SYSTEM_FIELDS = 64
 # Records whose place among a batch's step records does not change what the index holds (see
 # RunIndex._add_mixed); the other kinds (header, event, end) order the step records around them.
 _UNORDERED = frozenset({"system", "eval", "layers"})
+_FLOAT = {float}
 
 
 class RunIndex:
@@ -140,9 +141,15 @@ class RunIndex:
                                 [offsets[p] for p in pos] if b - a != j - i else offsets[i:j],
                                 [bisect_left(pos, c) for c in check if i <= c < j and kinds[c] == "step"],
                                 run_cols)
+            system_recs = []  # (this stretch's system records, together)
             while k < len(others) and others[k] < j:  # the others of this stretch, in order
-                self._add_other(recs[others[k]], offsets[others[k]])
+                if kinds[others[k]] == "system":
+                    system_recs.append(recs[others[k]])
+                else:
+                    self._add_other(recs[others[k]], offsets[others[k]])
                 k += 1
+            if system_recs:
+                self._add_systems(system_recs)
             if j < len(recs):
                 self._add_other(recs[j], offsets[j])
                 k += 1
@@ -207,6 +214,21 @@ class RunIndex:
             values.append(v)
             self.eval_segments.setdefault(name, array("I")).append(self.segments.current)
             self._eval_points += 1
+
+    def _add_systems(self, recs: list[dict]) -> None:
+        """``_add_system`` of each of ``recs`` (system records of the current segment), a field at
+        a time (``SampledSeries.add_columns``); only where none of the fields can be compacted
+        meanwhile (``SampledSeries.room``)."""
+        recs = [r for r in recs if type(s := r.get("step")) is int and -(1 << 63) <= s < (1 << 63)]
+        if not recs:
+            return
+        cols = KeyColumns(recs)
+        columns = {}
+        for name in dict.fromkeys(chain.from_iterable(recs)):
+            if name not in NOT_SERIES:
+                values = cols.values(name)
+                columns[name] = values if cols.types(name) == _FLOAT else list(map(number, values))
+        self.system.add_columns(cols.values("step"), columns, recs, self.segments.current)
 
     def _add_system(self, rec: dict) -> None:
         step = rec.get("step")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
+from itertools import compress, islice, repeat
+from operator import ne
 from typing import Any
 
 from gradmon.server.downsample import downsample_indices
@@ -72,15 +74,51 @@ class SampledSeries:
             if len(pts.steps) > self.cap:
                 self._compact(pts, replaced())
 
+    def add_columns(self, steps: list[int], columns: dict[str, list[float | None]], records: list[dict],
+                    seg: int) -> None:
+        """:meth:`add` of consecutive records of segment ``seg`` (``records``: their dicts, for the
+        order of their keys), a field at a time: ``columns`` holds each key's values (``None``
+        where a record has no number there), keys in the order they first appear. The caller
+        makes sure that no field is compacted meanwhile (:meth:`room`); new fields are made in
+        the order of their first numbers, as record by record."""
+        first = {name: next(i for i, v in enumerate(values) if v is not None)
+                 for name, values in columns.items()
+                 if name not in self.fields and values.count(None) < len(values)}
+        new = sorted(first, key=lambda name: (first[name], list(records[first[name]]).index(name)))
+        for name in new[: max(0, self.max_fields - len(self.fields))]:
+            self.fields[name] = _Points()
+        for name, values in columns.items():
+            pts = self.fields.get(name)
+            if pts is None:
+                continue
+            at, got = steps, values
+            if None in values:  # (records without a number there)
+                keep = [v is not None for v in values]
+                at, got = list(compress(steps, keep)), list(compress(values, keep))
+            if not got:
+                continue
+            if len(at) > 1:  # a point at the same step as the one before (same segment) replaces it
+                last = [*map(ne, at, islice(at, 1, None)), True]
+                if False in last:
+                    at, got = list(compress(at, last)), list(compress(got, last))
+            if pts.steps and pts.steps[-1] == at[0] and pts.seg[-1] == seg:
+                pts.values[-1] = got[0]
+                at, got = at[1:], got[1:]
+            pts.steps.extend(at)
+            pts.values.extend(got)
+            pts.seg.extend(repeat(seg, len(at)))
+
     def _compact(self, pts: _Points, rep: Replaced) -> None:
         """Drop replaced points, then downsample to ``cap // 2`` (min/max kept)."""
-        live = [i for i, (s, k) in enumerate(zip(pts.steps, pts.seg)) if not rep.hides(k, s)]
-        values = [pts.values[i] for i in live]
-        keep = downsample_indices(values, max(1, self.cap // 8))
-        idx = [live[i] for i in keep]
-        pts.steps = array("q", (pts.steps[i] for i in idx))
-        pts.values = array("d", (pts.values[i] for i in idx))
-        pts.seg = array("I", (pts.seg[i] for i in idx))
+        if rep.any:
+            live = [i for i, (s, k) in enumerate(zip(pts.steps, pts.seg)) if not rep.hides(k, s)]
+            idx = downsample_indices([pts.values[i] for i in live], max(1, self.cap // 8))
+            idx = [live[i] for i in idx]
+        else:  # (one segment, or none replaced anything: every point is live)
+            idx = downsample_indices(pts.values.tolist(), max(1, self.cap // 8))
+        pts.steps = array("q", map(pts.steps.__getitem__, idx))
+        pts.values = array("d", map(pts.values.__getitem__, idx))
+        pts.seg = array("I", map(pts.seg.__getitem__, idx))
         self.compactions += 1
 
     def copy(self) -> SampledSeries:
