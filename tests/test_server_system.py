@@ -189,3 +189,26 @@ def test_history_without_system_or_layers_has_empty_system_and_null_layers(tmp_p
         _, hist = get_json(h.port, "/api/runs/exp1/history")
         assert hist["system"] == {} and hist["layers"] is None
         assert get_json(h.port, "/api/runs/exp1")[1]["system_fields"] == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-2, 3), st.floats(allow_nan=False, width=32)), max_size=60),
+       st.integers(-5, 40), st.integers(0, 60), st.integers(4, 30))
+def test_sampled_series_query_of_increasing_steps_is_the_general_one(points, start, span, wanted):
+    # One segment, nothing replaced: a field whose steps increase is answered by bisection; one
+    # whose steps go back or repeat (gaps <= 0 here) by the general loop; both give what the
+    # general loop gives.
+    from unittest import mock
+
+    from gradmon.server import sampled
+
+    series, step = SampledSeries(cap=20_000), 0
+    rep = Replaced.of_spans([0], [0], [0])  # (one segment: replaces nothing)
+    for gap, value in points:
+        step += gap
+        series.add(step, [("f", value), ("g", -value)], 0, lambda: rep)
+    assert not rep.any
+    got = series.query(start, start + span, wanted, rep)
+    with mock.patch.object(sampled, "_increasing", lambda _steps: False):
+        want = series.query(start, start + span, wanted, rep)
+    assert repr(got) == repr(want)

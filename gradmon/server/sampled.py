@@ -11,9 +11,10 @@ Pure data structure: no I/O.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from itertools import compress, islice, repeat
-from operator import ne
+from operator import lt, ne
 from typing import Any
 
 from gradmon.server.downsample import downsample_indices
@@ -31,6 +32,11 @@ class _Points:
         self.steps = array("q")
         self.values = array("d")
         self.seg = array("I")
+
+
+def _increasing(steps: array) -> bool:
+    """Whether ``steps`` increase strictly (C calls only)."""
+    return all(map(lt, steps, islice(steps, 1, None)))
 
 
 class SampledSeries:
@@ -140,12 +146,16 @@ class SampledSeries:
         each field downsampled to about ``points`` (min/max kept) when it has more."""
         out: dict[str, dict[str, list[Any]]] = {}
         for name, pts in self.fields.items():
-            by_step: dict[int, float] = {}
-            for s, v, k in zip(pts.steps, pts.values, pts.seg):
-                if start <= s <= end and not rep.hides(k, s):
-                    by_step[s] = v  # file order: a repeat within a segment (a step going back) -> newest
-            steps = sorted(by_step)
-            values = [by_step[s] for s in steps]
+            if not rep.any and _increasing(pts.steps):  # (the common field: its points, one per step)
+                lo, hi = bisect_left(pts.steps, start), bisect_right(pts.steps, end)
+                steps, values = pts.steps[lo:hi].tolist(), pts.values[lo:hi].tolist()
+            else:
+                by_step: dict[int, float] = {}
+                for s, v, k in zip(pts.steps, pts.values, pts.seg):
+                    if start <= s <= end and not rep.hides(k, s):
+                        by_step[s] = v  # file order: a repeat within a segment (a step going back) -> newest
+                steps = sorted(by_step)
+                values = [by_step[s] for s in steps]
             if len(steps) > points:
                 idx = downsample_indices(values, max(1, points // 4))
                 steps = [steps[i] for i in idx]
