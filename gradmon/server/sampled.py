@@ -18,6 +18,7 @@ from operator import lt, ne
 from typing import Any
 
 from gradmon.server.downsample import downsample_indices
+from gradmon.server.native import scanner as _native_scanner
 from gradmon.server.segments import Replaced
 
 __all__ = ["SampledSeries"]
@@ -148,7 +149,14 @@ class SampledSeries:
         for name, pts in self.fields.items():
             if not rep.any and _increasing(pts.steps):  # (the common field: its points, one per step)
                 lo, hi = bisect_left(pts.steps, start), bisect_right(pts.steps, end)
-                steps, values = pts.steps[lo:hi].tolist(), pts.values[lo:hi].tolist()
+                at, got = pts.steps[lo:hi], pts.values[lo:hi]
+                native = _native_scanner() if hi - lo > points else None
+                idx = native.m4_indices(got, max(1, points // 4)) if native is not None else None
+                if idx is not None:  # (downsample_indices' rules, compiled: tests/test_native_scanner.py)
+                    out[name] = {"step": list(map(at.__getitem__, idx)),
+                                 "value": list(map(got.__getitem__, idx))}
+                    continue
+                steps, values = at.tolist(), got.tolist()
             else:
                 by_step: dict[int, float] = {}
                 for s, v, k in zip(pts.steps, pts.values, pts.seg):
