@@ -13,7 +13,7 @@ import random
 from types import SimpleNamespace
 from unittest import mock
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from server_helpers import line_pairs
 
@@ -120,6 +120,7 @@ def test_whole_buckets_summarized_from_the_scanner_s_columns_are_the_same(seed, 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32), n=st.integers(BUCKET, 3 * BUCKET + 20),
        cuts=st.lists(st.integers(1, 2 * BUCKET), min_size=1, max_size=10))
+@example(seed=256, n=255, cuts=[128])  # (a whole bucket before any field: no scanner asked without one)
 def test_open_buckets_summarized_from_the_scanner_s_floats_are_the_python_path_s(seed, n, cuts):
     """A base bucket filled over several batches the compiled scanner read is summarized from the
     float64 pieces it kept (``StepSeries._ob_floats``): the answers must be those of the same log

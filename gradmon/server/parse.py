@@ -124,11 +124,14 @@ class KeyColumns:
         each of ``names`` that has a number there, in that order; by the compiled scanner from
         :meth:`floats`, in one call. ``None`` when it did not take some name that the records
         have, or some value is not finite (then the caller summarizes, and marks, in Python)."""
+        if not names:  # (no field yet: nothing to summarize)
+            return [{} for _ in range(buckets)]
         keys = self.key_set()
         floats = [self.floats(name) if name in keys else None for name in names]
-        if any(f is None and name in keys for f, name in zip(floats, names)):
+        native = _native_scanner()
+        if native is None or any(f is None and name in keys for f, name in zip(floats, names)):
             return None
-        return _native_scanner().bucket_fields(names, floats, self.values("step"), start, buckets, size)  # type: ignore[union-attr]
+        return native.bucket_fields(names, floats, self.values("step"), start, buckets, size)
 
     def key_set(self) -> set[str]:
         """Every key of the records (a set nobody may change)."""
