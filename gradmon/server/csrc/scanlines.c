@@ -371,6 +371,50 @@ static void clear_table(Table *t) {
     t->n = 0;
 }
 
+/* What scan_line needs beside a line: the batch's key table and one slot per field of a line. */
+typedef struct {
+    Table *t;
+    Entry **ents;
+    Entry **order;
+    PyObject **vals;
+    int *kinds;
+    double *nums;
+    const unsigned char **toks;
+    Py_ssize_t *tlens;
+} Scratch;
+
+/* Allocate a scratch: 0, or -1 with MemoryError set (then scratch_free it all the same). */
+static int scratch_new(Scratch *s) {
+    s->t = PyMem_Calloc(1, sizeof(Table));
+    s->ents = PyMem_Malloc(sizeof(Entry *) * MAX_FIELDS);
+    s->order = PyMem_Calloc(MAX_FIELDS, sizeof(Entry *));
+    s->vals = PyMem_Malloc(sizeof(PyObject *) * MAX_FIELDS);
+    s->kinds = PyMem_Malloc(sizeof(int) * MAX_FIELDS);
+    s->nums = PyMem_Malloc(sizeof(double) * MAX_FIELDS);
+    s->toks = PyMem_Malloc(sizeof(unsigned char *) * MAX_FIELDS);
+    s->tlens = PyMem_Malloc(sizeof(Py_ssize_t) * MAX_FIELDS);
+    if (s->t == NULL || s->ents == NULL || s->order == NULL || s->vals == NULL || s->kinds == NULL ||
+        s->nums == NULL || s->toks == NULL || s->tlens == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void scratch_free(Scratch *s) {
+    if (s->t != NULL) {
+        clear_table(s->t);
+        PyMem_Free(s->t);
+    }
+    PyMem_Free(s->ents);
+    PyMem_Free(s->order);
+    PyMem_Free(s->vals);
+    PyMem_Free(s->kinds);
+    PyMem_Free(s->nums);
+    PyMem_Free(s->toks);
+    PyMem_Free(s->tlens);
+}
+
 static PyObject *scan_steps(PyObject *self, PyObject *texts) {
     (void)self;
     if (!PyList_Check(texts)) {
@@ -378,14 +422,15 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(texts);
-    Table *t = PyMem_Calloc(1, sizeof(Table));
-    Entry **ents = PyMem_Malloc(sizeof(Entry *) * MAX_FIELDS);
-    Entry **order = PyMem_Calloc(MAX_FIELDS, sizeof(Entry *));
-    PyObject **vals = PyMem_Malloc(sizeof(PyObject *) * MAX_FIELDS);
-    int *kinds = PyMem_Malloc(sizeof(int) * MAX_FIELDS);
-    double *nums = PyMem_Malloc(sizeof(double) * MAX_FIELDS);
-    const unsigned char **toks = PyMem_Malloc(sizeof(unsigned char *) * MAX_FIELDS);
-    Py_ssize_t *tlens = PyMem_Malloc(sizeof(Py_ssize_t) * MAX_FIELDS);
+    Scratch sc;
+    int scratch = scratch_new(&sc);
+    Table *t = sc.t;
+    Entry **ents = sc.ents, **order = sc.order;
+    PyObject **vals = sc.vals;
+    int *kinds = sc.kinds;
+    double *nums = sc.nums;
+    const unsigned char **toks = sc.toks;
+    Py_ssize_t *tlens = sc.tlens;
     PyObject *records = PyList_New(n);
     PyObject *undecided = PyList_New(0);
     PyObject *steps = PyList_New(0);
@@ -394,9 +439,9 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
     int norder = 0;
     Py_ssize_t rows = 0;
     PyObject *prev = NULL;  /* the last step record (borrowed from records) */
-    if (t == NULL || ents == NULL || order == NULL || vals == NULL || kinds == NULL || nums == NULL || toks == NULL || tlens == NULL || records == NULL ||
-        undecided == NULL || steps == NULL || not_steps == NULL) {
-        PyErr_NoMemory();
+    if (scratch < 0 || records == NULL || undecided == NULL || steps == NULL || not_steps == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -503,17 +548,7 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
     }
     result = Py_BuildValue("(OOOOOOO)", records, undecided, columns, types, floats, steps, not_steps);
 done:
-    if (t != NULL) {
-        clear_table(t);
-        PyMem_Free(t);
-    }
-    PyMem_Free(ents);
-    PyMem_Free(order);
-    PyMem_Free(vals);
-    PyMem_Free(kinds);
-    PyMem_Free(nums);
-    PyMem_Free(toks);
-    PyMem_Free(tlens);
+    scratch_free(&sc);
     Py_XDECREF(records);
     Py_XDECREF(undecided);
     Py_XDECREF(steps);
@@ -524,12 +559,6 @@ done:
     return result;
 }
 
-/* bucket_summaries(floats, steps, start, buckets, size): pyramid.column_summary of each of
- * `buckets` consecutive buckets of `size` rows from row `start` of a float64 column (a buffer,
- * MISSING_BITS where no number) whose rows' steps are the list `steps`: per bucket None (no
- * number) or [count, first_step, first, last_step, last, min_step, min, max_step, max] over the
- * finite values (the first of the smallest and the first of the largest); or None for the whole
- * call when some value is not finite (the caller's Python path marks those). */
 /* scan_records(texts): per line (bytes, or None), the dict of the record it holds when this scanner
  * decides it (a flat record of any kind, by scan_steps' rules: what orjson and the standard
  * library read), else None. For the lines scan_steps leaves to decode_record (records of other
@@ -541,21 +570,11 @@ static PyObject *scan_records(PyObject *self, PyObject *texts) {
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(texts);
-    Table *t = PyMem_Calloc(1, sizeof(Table));
-    Entry **ents = PyMem_Malloc(sizeof(Entry *) * MAX_FIELDS);
-    Entry **order = PyMem_Calloc(MAX_FIELDS, sizeof(Entry *));
-    PyObject **vals = PyMem_Malloc(sizeof(PyObject *) * MAX_FIELDS);
-    int *kinds = PyMem_Malloc(sizeof(int) * MAX_FIELDS);
-    double *nums = PyMem_Malloc(sizeof(double) * MAX_FIELDS);
-    const unsigned char **toks = PyMem_Malloc(sizeof(unsigned char *) * MAX_FIELDS);
-    Py_ssize_t *tlens = PyMem_Malloc(sizeof(Py_ssize_t) * MAX_FIELDS);
-    PyObject *out = PyList_New(n);
-    if (t == NULL || ents == NULL || order == NULL || vals == NULL || kinds == NULL || nums == NULL || toks == NULL ||
-        tlens == NULL || out == NULL) {
-        PyErr_NoMemory();
-        Py_CLEAR(out);
+    Scratch sc;
+    int scratch = scratch_new(&sc);
+    PyObject *out = scratch < 0 ? NULL : PyList_New(n);
+    if (out == NULL)
         goto done;
-    }
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_INCREF(Py_None);
         PyList_SET_ITEM(out, i, Py_None);
@@ -565,11 +584,11 @@ static PyObject *scan_records(PyObject *self, PyObject *texts) {
         int nf = 0, is_step = 0, got = 0;
         if (PyBytes_Check(item)) {
             const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(item);
-            got = scan_line(t, p, p + PyBytes_GET_SIZE(item), i, ents, vals, kinds, nums, toks, tlens, &nf, &is_step,
-                            order, 0);
+            got = scan_line(sc.t, p, p + PyBytes_GET_SIZE(item), i, sc.ents, sc.vals, sc.kinds, sc.nums, sc.toks,
+                            sc.tlens, &nf, &is_step, sc.order, 0);
         }
         if (got <= 0) {
-            release(vals, nf);
+            release(sc.vals, nf);
             if (got < 0) {
                 Py_CLEAR(out);
                 goto done;
@@ -578,9 +597,9 @@ static PyObject *scan_records(PyObject *self, PyObject *texts) {
         }
         PyObject *rec = PyDict_New();
         for (int k = 0; rec != NULL && k < nf; k++)
-            if (PyDict_SetItem(rec, ents[k]->key, vals[k]) < 0)
+            if (PyDict_SetItem(rec, sc.ents[k]->key, sc.vals[k]) < 0)
                 Py_CLEAR(rec);
-        release(vals, nf);
+        release(sc.vals, nf);
         if (rec == NULL) {
             Py_CLEAR(out);
             goto done;
@@ -588,17 +607,7 @@ static PyObject *scan_records(PyObject *self, PyObject *texts) {
         PyList_SetItem(out, i, rec);  /* (steals rec, lets go of the None) */
     }
 done:
-    if (t != NULL) {
-        clear_table(t);
-        PyMem_Free(t);
-    }
-    PyMem_Free(ents);
-    PyMem_Free(order);
-    PyMem_Free(vals);
-    PyMem_Free(kinds);
-    PyMem_Free(nums);
-    PyMem_Free(toks);
-    PyMem_Free(tlens);
+    scratch_free(&sc);
     return out;
 }
 
@@ -637,6 +646,12 @@ static PyObject *summarize_rows(const double *v, PyObject *steps, Py_ssize_t lo,
                          v[last], PyList_GET_ITEM(steps, imin), v[imin], PyList_GET_ITEM(steps, imax), v[imax]);
 }
 
+/* bucket_summaries(floats, steps, start, buckets, size): pyramid.column_summary of each of
+ * `buckets` consecutive buckets of `size` rows from row `start` of a float64 column (a buffer,
+ * MISSING_BITS where no number) whose rows' steps are the list `steps`: per bucket None (no
+ * number) or [count, first_step, first, last_step, last, min_step, min, max_step, max] over the
+ * finite values (the first of the smallest and the first of the largest); or None for the whole
+ * call when some value is not finite (the caller's Python path marks those). */
 static PyObject *bucket_summaries(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer buf;
