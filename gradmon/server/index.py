@@ -219,7 +219,7 @@ class RunIndex:
         """``_add_system`` of each of ``recs`` (system records of the current segment), a field at
         a time (``SampledSeries.add_columns``); only where none of the fields can be compacted
         meanwhile (``SampledSeries.room``)."""
-        recs = [r for r in recs if type(s := r.get("step")) is int and -(1 << 63) <= s < (1 << 63)]
+        recs = [r for r in recs if _system_step(r.get("step"))]
         if not recs:
             return
         cols = KeyColumns(recs)
@@ -232,8 +232,8 @@ class RunIndex:
 
     def _add_system(self, rec: dict) -> None:
         step = rec.get("step")
-        if type(step) is not int or not -(1 << 63) <= step < (1 << 63):
-            return  # sampled before the first step (no `step`), or a step no array can hold
+        if not _system_step(step):
+            return
         values = [(name, v) for name, raw in rec.items()
                   if name not in NOT_SERIES and (v := number(raw)) is not None]
         self.system.add(step, values, self.segments.current, self.segments.replaced)
@@ -364,6 +364,12 @@ class IndexSnapshot:
         first, last = self.latest_span if self.latest_span is not None else (None, None)
         return {"first_step": first, "last_step": last}
 
+
+
+def _system_step(step: Any) -> bool:
+    """Whether a system record's ``step`` is one its series keeps: an int an array can hold (else
+    it was sampled before the first step, with no ``step``, or holds a step no array can)."""
+    return type(step) is int and -(1 << 63) <= step < (1 << 63)
 
 
 def _encoded(event: dict) -> bytes:

@@ -415,6 +415,17 @@ static void scratch_free(Scratch *s) {
     PyMem_Free(s->tlens);
 }
 
+/* scan_line of texts' line i (bytes, or None for an oversize line: undecided) with a scratch. */
+static int scan_text(Scratch *s, PyObject *item, Py_ssize_t i, int *nf, int *is_step, int norder) {
+    *nf = 0;
+    *is_step = 0;
+    if (!PyBytes_Check(item))
+        return 0;
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(item);
+    return scan_line(s->t, p, p + PyBytes_GET_SIZE(item), i, s->ents, s->vals, s->kinds, s->nums, s->toks, s->tlens,
+                     nf, is_step, s->order, norder);
+}
+
 static PyObject *scan_steps(PyObject *self, PyObject *texts) {
     (void)self;
     if (!PyList_Check(texts)) {
@@ -448,12 +459,8 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
         PyObject *item = PyList_GET_ITEM(texts, i);
         Py_INCREF(Py_None);
         PyList_SET_ITEM(records, i, Py_None);
-        int nf = 0, is_step = 0, got = 0;
-        if (PyBytes_Check(item)) {
-            const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(item);
-            got = scan_line(t, p, p + PyBytes_GET_SIZE(item), i, ents, vals, kinds, nums, toks, tlens, &nf, &is_step,
-                            order, norder);
-        }
+        int nf, is_step;
+        int got = scan_text(&sc, item, i, &nf, &is_step, norder);
         if (got < 0) {
             release(vals, nf);
             goto done;
@@ -581,12 +588,8 @@ static PyObject *scan_records(PyObject *self, PyObject *texts) {
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyList_GET_ITEM(texts, i);
-        int nf = 0, is_step = 0, got = 0;
-        if (PyBytes_Check(item)) {
-            const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(item);
-            got = scan_line(sc.t, p, p + PyBytes_GET_SIZE(item), i, sc.ents, sc.vals, sc.kinds, sc.nums, sc.toks,
-                            sc.tlens, &nf, &is_step, sc.order, 0);
-        }
+        int nf, is_step;
+        int got = scan_text(&sc, item, i, &nf, &is_step, 0);
         if (got <= 0) {
             release(sc.vals, nf);
             if (got < 0) {
