@@ -15,10 +15,13 @@ medians). ``python -m benchmarks.bigruns --steps 2000000 --prev /tmp/prev``.
 with its sidecar) instead of generating one; ``--other TREE`` (with ``--other-log-dir``, its own
 copy: each tree writes its own sidecar) serves a second tree warm, alternating with this one
 start by start, and ``--warm-only`` leaves out the cold starts: two trees' warm restarts and
-queries compared on one big index that is built once. ``--gzip`` asks for compressed answers, as
-the page does. Each tree's modules are compiled once into ``OUT/pycache`` and every start uses
-them, as an installed package's (``--no-bytecode``: each start compiles them, ~0.1 s, where the
-environment sets ``PYTHONDONTWRITEBYTECODE`` as this one does). Times are to the answer's last
+queries compared on one big index that is built once. ``--system-every K`` generates a log with a
+``system`` record after every K-th step (``runlogs.generate_run_log``, in ``bigruns26/r<steps>-sys<K>``),
+as a real run's log holds them: a run whose steps take seconds has one every step or two.
+``--gzip`` asks for compressed answers, as the page does. Each tree's modules are compiled once
+into ``OUT/pycache`` and every start uses them, as an installed package's (``--no-bytecode``: each
+start compiles them, ~0.1 s, where the environment sets ``PYTHONDONTWRITEBYTECODE`` as this one
+does). Times are to the answer's last
 byte, its JSON decoded by the client after (a 10M run's full range: ~7 ms).
 """
 
@@ -154,6 +157,7 @@ def one_start(tree: str, logdir: str, name: str, steps: int, windows: list[int],
         out["first_answer_ms"] = took * 1e3
         out["to_first_full_answer_s"] = out["index_s"] + took
         out["cursor_is_the_file"] = doc["cursor"]["offset"] == os.path.getsize(log_path)
+        out["system_points"] = sum(len(s["step"]) for s in doc.get("system", {}).values())
         full, zoom = [], []
         for k in range(fetches):
             full.append(_fetch(f"{srv['url']}/api/runs/{name}/history?points=2000", gzip_ok=gzip_ok)[1])
@@ -174,15 +178,18 @@ def one_start(tree: str, logdir: str, name: str, steps: int, windows: list[int],
 
 def run(steps: int, prev: str | None, rounds: int, fetches: int, out_dir: str, log: Any = print,
         seed: int = 0, log_dir: str | None = None, other: str | None = None, other_log_dir: str | None = None,
-        warm_only: bool = False, gzip_ok: bool = False, bytecode: bool = True) -> dict[str, Any]:
+        warm_only: bool = False, gzip_ok: bool = False, bytecode: bool = True,
+        system_every: int = 0) -> dict[str, Any]:
     """``rounds`` rounds of: previous tree (cold), [the other tree, warm,] this tree cold, this tree warm
     (``warm_only``: the warm starts alone). ``bytecode``: each tree's modules compiled once first
-    and used by every start (see :func:`_bytecode_env`)."""
+    and used by every start (see :func:`_bytecode_env`). ``system_every``: the generated log's
+    system records (not with ``log_dir``: that log is served as it is)."""
     name = f"r{steps}"
-    logdir = log_dir or os.path.join(out_dir, "bigruns26", name)
+    generated = name + (f"-sys{system_every}" if system_every else "")
+    logdir = log_dir or os.path.join(out_dir, "bigruns26", generated)
     path = os.path.join(logdir, name, "metrics.jsonl")
     if log_dir is None:
-        gen = ensure_run_log(path, steps)
+        gen = ensure_run_log(path, steps, system_every)
     elif not os.path.isfile(path):
         raise FileNotFoundError(f"--log-dir: no {path}")
     else:
@@ -191,7 +198,7 @@ def run(steps: int, prev: str | None, rounds: int, fetches: int, out_dir: str, l
     windows = [rng.randrange(1, steps - steps // 100) for _ in range(fetches)]
     out: dict[str, Any] = {"steps": steps, "file_mb": os.path.getsize(path) / 1e6,
                            "generated": not gen["reused"], "rounds": rounds, "fetches": fetches,
-                           "bytecode": bytecode,
+                           "bytecode": bytecode, "system_every": None if log_dir else system_every,
                            "gzip": gzip_ok, "starts": []}
     plan = [("prev", prev, True, logdir)] if prev and not warm_only else []
     if other:
@@ -233,10 +240,14 @@ if __name__ == "__main__":
     p.add_argument("--gzip", action="store_true", help="ask for gzip-compressed answers, as the page does")
     p.add_argument("--no-bytecode", action="store_true",
                    help="let each start compile the modules (the environment may forbid writing .pyc files)")
+    p.add_argument("--system-every", type=int, default=0, metavar="K",
+                   help="generate the log with a system record after every K-th step")
     a = p.parse_args()
+    if a.system_every and a.log_dir:
+        p.error("--system-every generates a log; --log-dir serves one as it is")
     os.makedirs(a.out_dir, exist_ok=True)
     result = run(a.steps, a.prev, a.rounds, a.fetches, a.out_dir,
                  lambda m: print(m, file=sys.stderr, flush=True), log_dir=a.log_dir, other=a.other,
                  other_log_dir=a.other_log_dir, warm_only=a.warm_only, gzip_ok=a.gzip,
-                 bytecode=not a.no_bytecode)
+                 bytecode=not a.no_bytecode, system_every=a.system_every)
     print(json.dumps(result, indent=1))

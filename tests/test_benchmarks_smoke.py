@@ -74,6 +74,32 @@ def test_generated_run_log_is_strictly_valid(tmp_path):
     flagged = [r["step"] for r in steps if r.get("spike")]
     assert flagged == [10_000, 20_000]
     assert records[0]["type"] == "header" and records[-1]["type"] == "end"
+    assert not [r for r in records if r["type"] == "system"]
+
+
+def test_generated_run_log_with_system_records(tmp_path):
+    path = str(tmp_path / "r" / "metrics.jsonl")
+    info = generate_run_log(path, 5_000, system_every=3)
+    stats = ReadStats()
+    records = list(read_records(path, stats=stats))
+    assert stats.malformed == 0 and info["records"] == len(records)
+    assert records[0]["config"] == {"bench_system_every": 3}
+    kinds = [r["type"] for r in records]
+    system = [r for r in records if r["type"] == "system"]
+    assert [r["step"] for r in system] == list(range(3, 5_001, 3))
+    # each right after its step, with the sampler's fields as numbers
+    for r in system[:50]:
+        k = next(i for i, x in enumerate(records) if x.get("step") == r["step"] and x["type"] == "step")
+        assert kinds[k + 1] == "system" and records[k + 1] is r
+        assert all(isinstance(r[f], float) for f in ("cpu_percent", "rss_mb", "device_mem_mb", "device_util"))
+    # a log is reused only with the system records asked for
+    from benchmarks.runlogs import ensure_run_log
+
+    assert ensure_run_log(path, 5_000, system_every=3)["reused"]
+    assert not ensure_run_log(path, 5_000)["reused"]
+    assert not [r for r in read_records(path) if r["type"] == "system"]
+    with pytest.raises(ValueError):
+        generate_run_log(path, 10, system_every=-1)
 
 
 def _numbers_in(d):
@@ -323,6 +349,18 @@ def test_bigruns_smoke_measures_a_cold_and_a_warm_start(tmp_path):
                 log_dir=str(tmp_path / "bigruns26" / "r5000"), other=HERE, warm_only=True)
     assert [(s["label"], s["cold"]) for s in again["starts"]] == [("other", False), ("this", False)]
     assert not again["generated"] and all(s["cursor_is_the_file"] for s in again["starts"])
+    assert all(s["system_points"] == 0 for s in again["starts"])
+
+
+def test_bigruns_serves_a_log_with_system_records(tmp_path):
+    from benchmarks.bigruns import run
+
+    out = run(3_000, None, rounds=1, fetches=1, out_dir=str(tmp_path), log=lambda m: None, system_every=2)
+    assert out["system_every"] == 2
+    assert os.path.isfile(tmp_path / "bigruns26" / "r3000-sys2" / "r3000" / "metrics.jsonl")
+    for s in out["starts"]:
+        # every system field's 1,500 points, downsampled to about 2000 (min/max kept): all here
+        assert s["cursor_is_the_file"] and s["system_points"] == 4 * 1_500
 
 
 def test_tensorboard_beside_the_page_is_skipped_saying_why(tmp_path):
