@@ -207,6 +207,12 @@ def test_a_history_answer_is_the_same_with_orjson_or_without(tmp_path, monkeypat
     lines = [json.dumps({"type": "step", "step": s, "loss": 1.0 / s, "grad_norm": 2.0 + s % 7, "lr": 1e-07})
              for s in range(1, 3000)]
     lines[500] = '{"type": "step", "step": 501, "loss": "NaN", "grad_norm": "Infinity"}'
+    # system records (one with a NaN) and eval records between them: encoded by orjson too
+    for s in range(2998, 0, -3):
+        cpu = '"NaN"' if s == 1501 else 50.0 + s % 11
+        lines.insert(s, f'{{"type": "system", "step": {s}, "cpu_percent": {cpu}, "rss_mb": {1000 + s}}}')
+    for s in range(2900, 0, -100):
+        lines.insert(s, json.dumps({"type": "eval", "step": s, "eval_loss": 1.0 / s}))
     path.write_text("\n".join(lines) + "\n")
     run = Run("r", str(path), sidecar=False)
     while run.poll()[2]:
@@ -217,14 +223,21 @@ def test_a_history_answer_is_the_same_with_orjson_or_without(tmp_path, monkeypat
             monkeypatch.setattr(jsontext, "_orjson_dumps", None)
         for span in ((None, None), (400, 600), (1, 2999)):
             job = build_job(run, HistoryOptions(200, *span))
-            if label == "orjson":  # (the series took the orjson path)
+            if label == "orjson":  # (the series, system and eval points took the orjson path)
                 assert history._series_json(history.answer_series(job)[0])[1] is not None
+                lo, hi = job.options.lo, job.options.hi
+                assert history._points_json(job.index.system_in(lo, hi, 200))[1] is not None
+                assert history._points_json(job.index.eval_in(lo, hi))[1] is not None
             bodies[label, span] = answer(job)[0]
     for span in ((None, None), (400, 600), (1, 2999)):
         fast, plain = json.loads(bodies["orjson", span]), json.loads(bodies["stdlib", span])
         assert fast == plain, span
         assert 501 in fast["series"]["loss"]["step"], span  # (the NaN point: exact, or added by its mark)
         assert fast["series"]["loss"]["value"][fast["series"]["loss"]["step"].index(501)] == "NaN", span
+        assert fast["system"]["cpu_percent"]["step"] and fast["eval"]["eval_loss"]["step"], span
+        if span != (400, 600):
+            cpu = fast["system"]["cpu_percent"]
+            assert cpu["value"][cpu["step"].index(1501)] == "NaN", span
 
 
 def test_a_zoom_too_fine_for_the_pyramid_is_read_back_without_taking_its_points(monkeypatch):

@@ -198,9 +198,7 @@ def test_sampled_series_query_of_increasing_steps_is_the_general_one(points, sta
     # One segment, nothing replaced: a field whose steps increase is answered by bisection; one
     # whose steps go back or repeat (gaps <= 0 here) by the general loop; both give what the
     # general loop gives.
-    from unittest import mock
 
-    from gradmon.server import sampled
 
     series, step = SampledSeries(cap=20_000), 0
     rep = Replaced.of_spans([0], [0], [0])  # (one segment: replaces nothing)
@@ -209,6 +207,47 @@ def test_sampled_series_query_of_increasing_steps_is_the_general_one(points, sta
         series.add(step, [("f", value), ("g", -value)], 0, lambda: rep)
     assert not rep.any
     got = series.query(start, start + span, wanted, rep)
-    with mock.patch.object(sampled, "_increasing", lambda _steps: False):
-        want = series.query(start, start + span, wanted, rep)
+    general = series.copy()
+    for pts in general.fields.values():
+        pts.increasing = False
+    want = general.query(start, start + span, wanted, rep)
     assert repr(got) == repr(want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.tuples(st.integers(-2, 3), st.integers(0, 1)),
+                                                  max_size=12)), max_size=12),
+       st.integers(8, 20))
+def test_sampled_series_knows_whether_its_steps_increase(batches, cap):
+    # Points one by one and a batch at a time, steps that repeat or go back, segments, compactions
+    # (a small cap): each field's flag is what a pass over its steps says, in copies and pickles
+    # too, and a checkpoint written before the flag gets it computed.
+    import pickle
+
+    from gradmon.server import sampled
+
+    rep = Replaced.of_spans([0], [0], [0])
+    series, step = SampledSeries(cap=cap), 0
+    for together, points in batches:
+        steps, segs = [], []
+        for gap, seg in points:
+            step += gap
+            steps.append(step)
+            segs.append(seg)
+        if together and len(set(segs)) <= 1:
+            series.add_columns(steps, {"f": [float(s) for s in steps]},
+                               [{"f": 0.0} for _ in steps], segs[0] if segs else 0)
+        else:
+            for s, seg in zip(steps, segs):
+                series.add(s, [("f", float(s))], seg, lambda: rep)
+        for pts in series.fields.values():
+            assert pts.increasing == sampled._increasing(pts.steps), list(pts.steps)
+    for copy in (series.copy(), pickle.loads(pickle.dumps(series))):
+        for name, pts in series.fields.items():
+            assert copy.fields[name].increasing == pts.increasing
+    for pts in series.fields.values():
+        before = pts.__getstate__()
+        del before[1]["increasing"]
+        old = sampled._Points.__new__(sampled._Points)
+        old.__setstate__(before)
+        assert old.increasing == pts.increasing and list(old.steps) == list(pts.steps)

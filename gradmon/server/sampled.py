@@ -25,14 +25,22 @@ __all__ = ["SampledSeries"]
 
 
 class _Points:
-    """One field's points in file order: steps, values and the segment of each."""
+    """One field's points in file order: steps, values and the segment of each, and whether the
+    steps increase strictly (kept as points come: a query then needs no O(n) check)."""
 
-    __slots__ = ("seg", "steps", "values")
+    __slots__ = ("increasing", "seg", "steps", "values")
 
     def __init__(self) -> None:
         self.steps = array("q")
         self.values = array("d")
         self.seg = array("I")
+        self.increasing = True
+
+    def __setstate__(self, state: tuple[None, dict[str, Any]]) -> None:
+        for name, value in state[1].items():
+            setattr(self, name, value)
+        if "increasing" not in state[1]:  # (an index checkpoint written before the flag)
+            self.increasing = _increasing(self.steps)
 
 
 def _increasing(steps: array) -> bool:
@@ -72,9 +80,11 @@ class SampledSeries:
                 if len(self.fields) >= self.max_fields:
                     continue
                 pts = self.fields[name] = _Points()
-            if pts.steps and pts.steps[-1] == step and pts.seg[-1] == seg:
-                pts.values[-1] = v
-                continue
+            if pts.steps and pts.steps[-1] >= step:
+                if pts.steps[-1] == step and pts.seg[-1] == seg:
+                    pts.values[-1] = v
+                    continue
+                pts.increasing = False
             pts.steps.append(step)
             pts.values.append(v)
             pts.seg.append(seg)
@@ -111,6 +121,8 @@ class SampledSeries:
             if pts.steps and pts.steps[-1] == at[0] and pts.seg[-1] == seg:
                 pts.values[-1] = got[0]
                 at, got = at[1:], got[1:]
+            if pts.increasing and at and not ((not pts.steps or pts.steps[-1] < at[0]) and _increasing(at)):
+                pts.increasing = False
             pts.steps.extend(at)
             pts.values.extend(got)
             pts.seg.extend(repeat(seg, len(at)))
@@ -126,6 +138,8 @@ class SampledSeries:
         pts.steps = array("q", map(pts.steps.__getitem__, idx))
         pts.values = array("d", map(pts.values.__getitem__, idx))
         pts.seg = array("I", map(pts.seg.__getitem__, idx))
+        if not pts.increasing:  # (a subset in order keeps increasing steps increasing; others may start to)
+            pts.increasing = _increasing(pts.steps)
         self.compactions += 1
 
     def copy(self) -> SampledSeries:
@@ -135,6 +149,7 @@ class SampledSeries:
         for name, pts in self.fields.items():
             c = out.fields[name] = _Points()
             c.steps, c.values, c.seg = array("q", pts.steps), array("d", pts.values), array("I", pts.seg)
+            c.increasing = pts.increasing
         return out
 
     def names(self) -> list[str]:
@@ -147,7 +162,7 @@ class SampledSeries:
         each field downsampled to about ``points`` (min/max kept) when it has more."""
         out: dict[str, dict[str, list[Any]]] = {}
         for name, pts in self.fields.items():
-            if not rep.any and _increasing(pts.steps):  # (the common field: its points, one per step)
+            if not rep.any and pts.increasing:  # (the common field: its points, one per step)
                 lo, hi = bisect_left(pts.steps, start), bisect_right(pts.steps, end)
                 at, got = pts.steps[lo:hi], pts.values[lo:hi]
                 native = _native_scanner() if hi - lo > points else None
