@@ -64,7 +64,7 @@ def test_smoothing_is_an_ema_over_every_step_at_three_zooms(logdir: Path, browse
     try:
         # (read 512 bytes a tick: the page may open while the log is still being indexed, and its
         # run list then undercounts the run; the page must still end up with every step)
-        with start_server(logdir, "127.0.0.1", port=0, poll_max_bytes=512) as server:
+        with start_server(logdir, "127.0.0.1", port=0, poll_max_bytes=512, poll_idle_max_bytes=512) as server:
             p.page.goto(server.url.split("?")[0] + "?smooth=0.99")
             p.ready(1)
             run = "window.gradmon.state.runs.get('noisy')"

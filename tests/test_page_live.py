@@ -152,7 +152,8 @@ def test_a_run_whose_log_is_still_being_read_says_how_far(logdir: Path, page: Pa
     log = logdir / "big" / "metrics.jsonl"
     append(log, [header()] + [step(s) for s in range(1, 40_001)])
     badge = "document.querySelector(\"#runs-table tr[data-run='big'] .status\")"
-    with start_server(logdir, "127.0.0.1", port=0, poll_max_bytes=512, progress_interval=0.05) as server:
+    with start_server(logdir, "127.0.0.1", port=0, poll_max_bytes=512, poll_idle_max_bytes=512,
+                      progress_interval=0.05) as server:
         page.page.goto(server.url)
         first = page.wait(f"{badge} && /^reading [0-9]+%$/.test({badge}.textContent) && {badge}.textContent")
         assert page.eval(f"{badge}.className") == "status status-indexing"

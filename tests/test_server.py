@@ -4,6 +4,7 @@ cursor with no gap and no duplicate, restart, truncation, slow clients."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import subprocess
@@ -28,7 +29,7 @@ from websockets.asyncio.client import connect
 
 from benchmarks.ws_clients import stalled_client
 from gradmon.server import start_server
-from gradmon.server.app import POLL_MAX_BYTES, GradmonServer
+from gradmon.server.app import POLL_IDLE_MAX_BYTES, POLL_MAX_BYTES, GradmonServer
 
 
 @pytest.fixture
@@ -323,7 +324,7 @@ def test_resumed_run_history_shows_each_step_once_latest_segment_wins(logdir):
 
 def test_backlog_read_at_start_is_not_streamed_but_ends_with_one_lagged(logdir):
     path = make_run(logdir, "exp1", 20_000)  # ~2 MB, read 256 bytes per tick: many ticks
-    with _server(logdir, poll_max_bytes=256) as h:
+    with _server(logdir, poll_max_bytes=256, poll_idle_max_bytes=256) as h:
         async def main():
             async with connect(_ws_url(h)) as ws:
                 hello = await recv_json(ws)
@@ -346,7 +347,7 @@ def test_the_run_list_is_pushed_again_when_the_backlog_is_read(logdir):
     # A list read mid-indexing says indexing and a partial count; the page sizes its full-resolution
     # history from it, so it needs the list again, whole, once the backlog is read.
     make_run(logdir, "exp1", 5_000)
-    with _server(logdir, poll_max_bytes=256) as h:
+    with _server(logdir, poll_max_bytes=256, poll_idle_max_bytes=256) as h:
         async def main():
             async with connect(_ws_url(h)) as ws:
                 (info,) = (await recv_json(ws))["runs"]
@@ -363,7 +364,7 @@ def test_while_a_backlog_is_read_clients_learn_how_far_it_has_come(logdir):
     path = make_run(logdir, "exp1", 20_000)  # ~2 MB, read 256 bytes per tick: many ticks
     size = path.stat().st_size
     interval = 0.05
-    with _server(logdir, poll_max_bytes=256, progress_interval=interval) as h:
+    with _server(logdir, poll_max_bytes=256, poll_idle_max_bytes=256, progress_interval=interval) as h:
         async def main():
             async with connect(_ws_url(h)) as ws:
                 (info,) = (await recv_json(ws))["runs"]
@@ -389,7 +390,7 @@ def test_while_a_backlog_is_read_clients_learn_how_far_it_has_come(logdir):
 def test_indexing_messages_are_paced(logdir):
     make_run(logdir, "exp1", 60_000)  # ~6 MB at 256 bytes per tick: seconds of indexing
     interval = 0.3
-    with _server(logdir, poll_max_bytes=256, progress_interval=interval) as h:
+    with _server(logdir, poll_max_bytes=256, poll_idle_max_bytes=256, progress_interval=interval) as h:
         async def main():
             async with connect(_ws_url(h)) as ws:
                 await recv_json(ws)  # hello
@@ -447,26 +448,50 @@ def test_history_work_does_not_hold_the_event_loop(logdir):
         asyncio.run(main())
 
 
-def test_indexing_yields_to_the_loop_after_each_bounded_slice(logdir):
+async def _largest_slice(server: GradmonServer, names: list[str]) -> int:
+    """Yield to the loop until the runs are indexed; the most bytes they read between two yields
+    (the slices of the loop's work on their backlogs)."""
+    runs = [server.runs[n] for n in names]
+    offsets = [r.offset for r in runs]
+    most = 0
+    while any(r.indexing for r in runs):
+        await asyncio.sleep(0)
+        now = [r.offset for r in runs]
+        most = max(most, sum(now) - sum(offsets))
+        offsets = now
+    return most
+
+
+@pytest.mark.parametrize("page", [False, True])
+def test_indexing_yields_to_the_loop_after_each_bounded_slice(logdir, tmp_path, page):
     """Two big backlogs are read one bounded slice at a time, the loop serving everything else
-    between two slices (#14 D): never more than POLL_MAX_BYTES is indexed without a yield
-    (the lines here are ~110 bytes)."""
-    paths = [make_run(logdir, name, 20_000) for name in ("a", "b")]
+    between two slices (#14 D): while a page is connected, never more than POLL_MAX_BYTES is
+    indexed without a yield (its live pushes wait for a slice); while none is, up to
+    POLL_IDLE_MAX_BYTES, fewer and bigger slices (the lines here are ~110 bytes)."""
+    staging = tmp_path / "staging"  # (the runs appear whole once the page is there, or not)
+    paths = [make_run(staging, name, 20_000) for name in ("a", "b")]  # ~2.2 MB each
+    logdir.mkdir()
 
     async def main():
-        server = GradmonServer(logdir, port=0)
+        server = GradmonServer(logdir, port=0, index_sidecars=False, discover_interval=0.02)
         await server.start()
         try:
-            runs = [server.runs["a"], server.runs["b"]]
-            offsets = [r.offset for r in runs]
-            most = 0
-            while any(r.indexing for r in runs):
-                await asyncio.sleep(0)
-                now = [r.offset for r in runs]
-                most = max(most, sum(now) - sum(offsets))
-                offsets = now
-            assert sum(offsets) == sum(p.stat().st_size for p in paths)
-            assert 0 < most <= POLL_MAX_BYTES + 200  # (+ the partial line a slice ended in)
+            async with contextlib.AsyncExitStack() as stack:
+                if page:
+                    ws = await stack.enter_async_context(connect(f"ws://127.0.0.1:{server.port}/ws"))
+                    await ws.recv()  # (hello: the client is registered)
+                for p in paths:
+                    p.parent.rename(logdir / p.parent.name)
+                while len(server.runs) < 2:
+                    await asyncio.sleep(0)
+                most = await _largest_slice(server, ["a", "b"])
+                assert bool(server.sessions.clients) == page
+            if page:
+                assert 0 < most <= POLL_MAX_BYTES + 200  # (+ the partial line a slice ended in)
+            else:
+                assert POLL_MAX_BYTES + 200 < most <= POLL_IDLE_MAX_BYTES + 200
+            assert sum(r.offset for r in server.runs.values()) == sum(
+                (logdir / n / "metrics.jsonl").stat().st_size for n in ("a", "b"))
         finally:
             await server.close()
     asyncio.run(main())

@@ -50,8 +50,8 @@ from gradmon.server.stream import Action, Position, RunStream
 from gradmon.server.worker import WorkerPool, shared_pool
 
 __all__ = [
-    "DEFAULT_PORT", "POLL_MAX_BYTES", "GradmonServer", "ServerHandle", "resolve_token", "serve",
-    "start_server",
+    "DEFAULT_PORT", "POLL_IDLE_MAX_BYTES", "POLL_MAX_BYTES", "GradmonServer", "ServerHandle", "resolve_token",
+    "serve", "start_server",
 ]
 
 log = logging.getLogger("gradmon.server")
@@ -60,6 +60,9 @@ DEFAULT_PORT = 8686
 POLL_INTERVAL_S = 0.02
 DISCOVER_INTERVAL_S = 1.0
 POLL_MAX_BYTES = 64 << 10  # per run per tick: bounds each slice of the loop's work on a backlog
+# The same while no page is connected: no live push waits behind a slice then (only an HTTP request
+# would, ~15 ms at most here), and ~10-15 % of a cold index is per-slice work (RESULTS.md, stop 46).
+POLL_IDLE_MAX_BYTES = 1 << 20
 WARM_DELAY_S = 0.5  # after listening, the history worker starts (see GradmonServer._warm_workers)
 MAX_WS_MESSAGE = 256 << 10  # client → server frames; anything bigger closes that connection (1009)
 # While a backlog is read (a big run's first index: a minute for 10M steps), the pages learn how far
@@ -74,6 +77,7 @@ class GradmonServer:
                  token: str | None = None, *, poll_interval: float = POLL_INTERVAL_S,
                  discover_interval: float = DISCOVER_INTERVAL_S, static_dir: Path | None = None,
                  client_queue_bytes: int = CLIENT_QUEUE_BYTES, poll_max_bytes: int = POLL_MAX_BYTES,
+                 poll_idle_max_bytes: int = POLL_IDLE_MAX_BYTES,
                  workers: WorkerPool | None = None, alerts: Any | None = None,
                  index_sidecars: bool = True, index_dir: str | os.PathLike | None = None,
                  progress_interval: float = INDEXING_PROGRESS_S) -> None:
@@ -85,6 +89,7 @@ class GradmonServer:
         self.discover_interval = discover_interval
         self.client_queue_bytes = client_queue_bytes
         self.poll_max_bytes = poll_max_bytes
+        self.poll_idle_max_bytes = poll_idle_max_bytes
         self.progress_interval = progress_interval
         self.workers = workers if workers is not None else shared_pool()
         self.index_sidecars = index_sidecars  # keep each run's index beside its log (sidecar.py) ...
@@ -105,7 +110,7 @@ class GradmonServer:
         """Discover runs, read the head of each, and start listening."""
         self._apply_discovery(await asyncio.to_thread(discover_runs, self.root))
         for run in list(self.runs.values()):
-            self._poll_run(run, self.poll_max_bytes)
+            self._poll_run(run, self.poll_max_bytes)  # (the head of each: listening comes first)
         self._server = await ws_serve(
             self.sessions.handler, self.host, self.port, process_request=self.http.process_request,
             max_size=MAX_WS_MESSAGE, max_queue=16, logger=logging.getLogger("gradmon.server.ws"),
@@ -180,12 +185,18 @@ class GradmonServer:
             for run in list(self.runs.values()):
                 if self.runs.get(run.name) is not run:
                     continue
-                if self._poll_run(run, self.poll_max_bytes):
-                    # One slice of a backlog (a big file being indexed): let the senders, the
-                    # requests and the other runs go before the next slice.
-                    busy = True
+                read_from = run.offset
+                busy |= self._poll_run(run, self.slice_bytes())
+                if run.offset != read_from:
+                    # A slice read (of a backlog: a big file being indexed, its last one too): let
+                    # the senders, the requests and the other runs go before the next slice.
                     await asyncio.sleep(0)
             await asyncio.sleep(0 if busy else self.poll_interval)
+
+    def slice_bytes(self) -> int:
+        """The most bytes a run's poll reads in one tick: ``poll_max_bytes`` while a client is
+        connected (its live pushes wait for the slice), ``poll_idle_max_bytes`` while none is."""
+        return self.poll_max_bytes if self.sessions.clients else self.poll_idle_max_bytes
 
     def _poll_run(self, run: Run, max_bytes: int) -> bool:
         was_indexing = run.indexing
