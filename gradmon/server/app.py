@@ -60,9 +60,10 @@ DEFAULT_PORT = 8686
 POLL_INTERVAL_S = 0.02
 DISCOVER_INTERVAL_S = 1.0
 POLL_MAX_BYTES = 64 << 10  # per run per tick: bounds each slice of the loop's work on a backlog
-# The same while no page is connected: no live push waits behind a slice then (only an HTTP request
-# would, ~15 ms at most here), and ~10-15 % of a cold index is per-slice work (RESULTS.md, stop 46).
-POLL_IDLE_MAX_BYTES = 1 << 20
+# The same while no page is connected: no live push waits behind a slice then (an HTTP request
+# would: ~8 ms here), and per-slice work is ~10 % of a cold index. 512 KiB measured best of 128 KiB
+# to 4 MiB (bigger ones were slower again: RESULTS.md, stop 46).
+POLL_IDLE_MAX_BYTES = 512 << 10
 WARM_DELAY_S = 0.5  # after listening, the history worker starts (see GradmonServer._warm_workers)
 MAX_WS_MESSAGE = 256 << 10  # client → server frames; anything bigger closes that connection (1009)
 # While a backlog is read (a big run's first index: a minute for 10M steps), the pages learn how far
