@@ -237,3 +237,29 @@ def test_unread_hands_lines_out_again_and_not_past_the_cursor(tmp_path):
     assert t.poll().lines == first.lines[2:]
     with pytest.raises(ValueError):
         t.unread(t.offset + 1)
+
+
+def test_a_backlog_read_in_slices_gives_every_line_once_and_frees_its_buffer(tmp_path):
+    # Slices of a backlog share one read buffer (cached-only reads, where the system has them);
+    # each slice's lines are its own bytes, and the buffer goes once the file is read through.
+    p = tmp_path / "metrics.jsonl"
+    lines = [_step(i) for i in range(1, 400)]
+    p.write_text("".join(lines))
+    t = FileTailer(str(p))
+    got = []
+    polls = []
+    while True:
+        res = t.poll(1000)
+        polls.append(res)
+        got.extend(line for _end, line in res.lines)
+        if res.more:
+            assert t._read_buf is not None or not t._nowait
+        if not res.more and not res.waiting:
+            break
+    assert len(polls) > 10
+    assert got == [line.rstrip("\n").encode() for line in lines]
+    assert t._read_buf is None
+    with open(p, "a") as f:
+        f.write(_step(400))
+    assert [line for _end, line in t.poll(1000).lines] == [_step(400).rstrip("\n").encode()]
+    assert t._read_buf is None

@@ -80,6 +80,9 @@ class FileTailer:
         self._advised = 0  # the end of the bytes asked ahead of the reads (_read_ahead)
         self._nowait = _NOWAIT is not None
         self._waits = 0  # polls in a row that found the next bytes not cached
+        # The buffer of the cached-only reads, kept while a backlog is read: a fresh one per slice
+        # (hundreds of KiB: mapped and faulted in anew each time) doubled the time a read takes.
+        self._read_buf: bytearray | None = None
 
     @property
     def offset(self) -> int:
@@ -176,6 +179,8 @@ class FileTailer:
                 result.more = len(data) < todo
                 if result.more:
                     self._read_ahead(fd, st.st_size)
+                else:
+                    self._read_buf = None  # (followed, not read through: small reads from here on)
                 if len(data) < n and not partial:  # shrank while reading: next poll sorts it out
                     self.size = self._split.fed
             return result
@@ -187,7 +192,9 @@ class FileTailer:
         with them: maybe fewer than there are; none, ``result.waiting``, when none is cached),
         else (or after ``NOWAIT_POLLS`` such polls) a plain read (``False``)."""
         if self._nowait:
-            buf = bytearray(n)
+            if self._read_buf is None or len(self._read_buf) < n:
+                self._read_buf = bytearray(n)
+            buf = memoryview(self._read_buf)[:n]
             try:
                 got = os.preadv(fd, [buf], pos, _NOWAIT)
             except BlockingIOError:
@@ -198,7 +205,7 @@ class FileTailer:
             if got or self._waits >= NOWAIT_POLLS:
                 self._waits = 0
                 if got:
-                    return bytes(memoryview(buf)[:got]), True
+                    return bytes(buf[:got]), True
             else:
                 self._waits += 1
                 result.waiting = True
