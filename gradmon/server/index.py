@@ -118,33 +118,40 @@ class RunIndex:
         """A batch of step records and others, in file order: the step records between two records
         that order them (headers, events, ends: the kinds not in ``_UNORDERED``) go in together,
         then the others between those two (``system``, ``eval``, ``layers``: what they hold does
-        not depend on the steps around them), then the ordering record. When a ``system`` field
-        could be compacted in this batch (``SampledSeries``: which points it drops depends on the
-        segments as they are then), every record keeps its place: one run of step records at a
-        time, as fed line by line."""
+        not depend on the steps around them), then the ordering record. A ``system`` record that
+        could make a field compact (``SampledSeries.room_left``: which points a compaction drops
+        depends on the segments as they are then) orders the records around it too, as fed line
+        by line; the room is counted again after each."""
         others = list(compress(range(len(recs)), map(ne, kinds, repeat("step"))))  # (no loop per record)
-        system = [kinds[j] == "system" for j in others].count(True)
-        if system and not self.system.room(system):
-            ordering = others
-        else:
-            ordering = [j for j in others if kinds[j] not in _UNORDERED]
+        ordering = [j for j in others if kinds[j] not in _UNORDERED]
+        system_at = [j for j in others if kinds[j] == "system"]
         at = list(compress(range(len(recs)), map(eq, kinds, repeat("step"))))  # the step records' positions
         a = 0  # how many step records the stretches before this one held
         k = 0  # how many other records the stretches before this one held
+        o = 0  # how many ordering records they held
+        n_sys = 0  # how many system records they held
         i = 0
-        for j in [*ordering, len(recs)]:
+        while i <= len(recs):
+            j = ordering[o] if o < len(ordering) else len(recs)
+            room = self.system.room_left()
+            if n_sys + room < len(system_at) and system_at[n_sys + room] < j:
+                j = system_at[n_sys + room]  # (the first that could compact a field: in its place)
+            elif j < len(recs):
+                o += 1
             b = bisect_left(at, j, a)  # the step records [a, b) lie before j
             if b > a:
                 run_cols = step_cols.sliced(a, b) if step_cols is not None else None
                 pos = at[a:b]
+                c0, c1 = bisect_left(check, i), bisect_left(check, j)
                 self._add_steps(run_cols.records if run_cols is not None else [recs[p] for p in pos],
                                 [offsets[p] for p in pos] if b - a != j - i else offsets[i:j],
-                                [bisect_left(pos, c) for c in check if i <= c < j and kinds[c] == "step"],
+                                [bisect_left(pos, c) for c in check[c0:c1] if kinds[c] == "step"],
                                 run_cols)
             system_recs = []  # (this stretch's system records, together)
             while k < len(others) and others[k] < j:  # the others of this stretch, in order
                 if kinds[others[k]] == "system":
                     system_recs.append(recs[others[k]])
+                    n_sys += 1
                 else:
                     self._add_other(recs[others[k]], offsets[others[k]])
                 k += 1
@@ -152,6 +159,7 @@ class RunIndex:
                 self._add_systems(system_recs)
             if j < len(recs):
                 self._add_other(recs[j], offsets[j])
+                n_sys += kinds[j] == "system"
                 k += 1
             a, i = b, j + 1
 

@@ -65,10 +65,10 @@ class SampledSeries:
         self.fields: dict[str, _Points] = {}
         self.compactions = 0  # times a field was downsampled (the data is then not exact)
 
-    def room(self, records: int) -> bool:
-        """Whether ``records`` more records fit without compacting a field (each adds at most one
-        point per field)."""
-        return records <= self.cap and all(len(p.steps) + records <= self.cap for p in self.fields.values())
+    def room_left(self) -> int:
+        """How many more records fit without compacting a field (each adds at most one point per
+        field)."""
+        return self.cap - max((len(p.steps) for p in self.fields.values()), default=0)
 
     def add(self, step: int, values: Sequence[tuple[str, float]], seg: int,
             replaced: Callable[[], Replaced]) -> None:
