@@ -251,3 +251,33 @@ def test_sampled_series_knows_whether_its_steps_increase(batches, cap):
         old = sampled._Points.__new__(sampled._Points)
         old.__setstate__(before)
         assert old.increasing == pts.increasing and list(old.steps) == list(pts.steps)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 1.0])),
+                min_size=1, max_size=120),
+       st.integers(8, 40), st.booleans())
+def test_a_compacted_field_is_the_same_with_and_without_the_scanner(values, cap, rolled_back):
+    # A field downsampled past its cap (min/max kept: the compiled m4_indices, else the Python
+    # downsample_indices): the same points either way, NaN, infinities and ties included, with or
+    # without points a later segment replaced.
+    from unittest import mock
+
+    from gradmon.server import sampled
+
+    rep = Replaced.of_spans([0, 0], [200, 60], [0, 1]) if rolled_back else Replaced.of_spans([0], [0], [0])
+
+    def fed() -> SampledSeries:
+        series = SampledSeries(cap=cap)
+        for i, v in enumerate(values):
+            series.add(i, [("f", v)], i % 2 if rolled_back else 0, lambda: rep)
+        return series
+
+    native = fed()
+    with mock.patch.object(sampled, "_native_scanner", lambda: None):
+        python = fed()
+    assert native.compactions == python.compactions
+    for name, pts in python.fields.items():
+        got = native.fields[name]
+        assert (list(got.steps), repr(list(got.values)), list(got.seg)) == \
+            (list(pts.steps), repr(list(pts.values)), list(pts.seg))
