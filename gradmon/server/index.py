@@ -27,7 +27,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, repeat
+from itertools import compress, repeat
 from operator import eq, itemgetter, ne
 from typing import Any
 
@@ -52,6 +52,7 @@ MAX_SYSTEM_FIELDS = 64
 # RunIndex._add_mixed); the other kinds (header, event, end) order the step records around them.
 _UNORDERED = frozenset({"system", "eval", "layers"})
 _FLOAT = {float}
+_INT = {int}
 
 
 class RunIndex:
@@ -227,12 +228,15 @@ class RunIndex:
         """``_add_system`` of each of ``recs`` (system records of the current segment), a field at
         a time (``SampledSeries.add_columns``); only where none of the fields can be compacted
         meanwhile (``SampledSeries.room``)."""
-        recs = [r for r in recs if _system_step(r.get("step"))]
-        if not recs:
-            return
         cols = KeyColumns(recs)
+        steps = cols.values("step")
+        if not (cols.types("step") == _INT and _system_step(min(steps)) and _system_step(max(steps))):
+            recs = [r for r in recs if _system_step(r.get("step"))]  # (else every step is kept)
+            if not recs:
+                return
+            cols = KeyColumns(recs)
         columns = {}
-        for name in dict.fromkeys(chain.from_iterable(recs)):
+        for name in cols.key_set():  # (any order: add_columns makes new fields in the records' order)
             if name not in NOT_SERIES:
                 values = cols.values(name)
                 columns[name] = values if cols.types(name) == _FLOAT else list(map(number, values))
