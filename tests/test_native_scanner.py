@@ -566,3 +566,18 @@ def test_records_of_other_kinds_are_validated_as_decode_record_does(seed, n):
     assert [repr(r) for r in got.records] == [repr(r) for r in want.records]
     assert (got.raw, got.offsets, got.check, got.malformed) == \
         (want.raw, want.offsets, want.check, want.malformed)
+
+
+@needs_scanner
+def test_a_step_record_off_the_fast_path_is_among_the_step_records():
+    # A step line the step scanner leaves (a blank before it) and a system record, both read by
+    # scan_records: the batch's step records, and their columns, include that step record.
+    lines = [b'{"type":"step","step":1,"loss":1.0}', b' {"type":"step","step":2,"loss":2.0}',
+             b'{"type":"system","step":2,"cpu":50.0}', b'{"type":"step","step":3,"loss":3.0}']
+    got = parse_lines(_pairs(lines), 0)
+    want = parse_lines(_pairs(lines), 0, use_native=False)
+    assert [repr(r) for r in got.records] == [repr(r) for r in want.records]
+    assert got.raw[1] == lines[1].strip() and got.check == want.check
+    for parsed in (got, want):
+        if parsed.step_columns is not None:
+            assert parsed.step_columns.values("step") == [1, 2, 3]

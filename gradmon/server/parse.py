@@ -388,6 +388,14 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | Non
     slow_steps = False
     scanned = scan.scan_records([raw[i] for i in slow]) if scan is not None and slow else None
     valid = scanned is not None and _others_valid([r for r in scanned if r is not None])
+    if valid and None not in scanned:  # (every one read by the scanner and valid: no loop per record)
+        check.update(slow)
+        lines_of = list(map(bytes.strip, map(raw.__getitem__, slow)))
+        for i, rec, line in zip(slow, scanned, lines_of):
+            decoded[i] = rec
+            raw[i] = line
+        out.records, out.raw, out.offsets, out.check = decoded, raw, offsets, sorted(check)
+        return "step" in map(itemgetter("type"), scanned)
     for k, i in enumerate(slow):
         rec = scanned[k] if scanned is not None else None
         if rec is None:
