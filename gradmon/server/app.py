@@ -5,8 +5,9 @@ Everything runs on one asyncio loop: a tail task polls every run's file with ``o
 latency within a few ticks); a discovery task rescans the log root every ``discover_interval``
 for new runs and status changes. Nothing on the loop may take long, so that live pushes never
 wait: a backlog (a big file read at start) is indexed one bounded slice at a time with a yield
-after each, and history answers are planned on the loop but read back, decoded and encoded in a
-worker process (``routes``, ``history``, ``worker``). Records go to every client that keeps up in
+after each (bigger slices while no client is connected: no push can wait then), and history
+answers are planned on the loop but read back, decoded and encoded in a worker process
+(``routes``, ``history``, ``worker``). Records go to every client that keeps up in
 one ``broadcast`` (no task switch per client); the others get them through their queue.
 
 The no-gap/no-duplicate rules of each client's stream of each run are ``stream.RunStream``'s;
