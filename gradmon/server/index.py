@@ -227,7 +227,7 @@ class RunIndex:
     def _add_systems(self, recs: list[dict]) -> None:
         """``_add_system`` of each of ``recs`` (system records of the current segment), a field at
         a time (``SampledSeries.add_columns``); only where none of the fields can be compacted
-        meanwhile (``SampledSeries.room``)."""
+        meanwhile (``SampledSeries.room_left``)."""
         cols = KeyColumns(recs)
         steps = cols.values("step")
         if not (cols.types("step") == _INT and _system_step(min(steps)) and _system_step(max(steps))):

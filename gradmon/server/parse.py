@@ -390,8 +390,8 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | Non
     valid = scanned is not None and _others_valid([r for r in scanned if r is not None])
     if valid and None not in scanned:  # (every one read by the scanner and valid: no loop per record)
         check.update(slow)
-        lines_of = list(map(bytes.strip, map(raw.__getitem__, slow)))
-        for i, rec, line in zip(slow, scanned, lines_of):
+        stripped = list(map(bytes.strip, map(raw.__getitem__, slow)))
+        for i, rec, line in zip(slow, scanned, stripped):
             decoded[i] = rec
             raw[i] = line
         out.records, out.raw, out.offsets, out.check = decoded, raw, offsets, sorted(check)

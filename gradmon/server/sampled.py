@@ -77,7 +77,7 @@ class SampledSeries:
     def room_left(self) -> int:
         """How many more records fit without compacting a field (each adds at most one point per
         field)."""
-        return self.cap - max((len(p.steps) for p in self.fields.values()), default=0)
+        return max(0, self.cap - max((len(p.steps) for p in self.fields.values()), default=0))
 
     def add(self, step: int, values: Sequence[tuple[str, float]], seg: int,
             replaced: Callable[[], Replaced]) -> None:
