@@ -3,11 +3,12 @@ the rule (``python -m benchmarks.index_alarms [--steps N] [--rounds R] [--smoke]
 
 The log is ``benchmarks/runlogs.py``'s synthetic run (its header has no ``alarm_rule``, so the server
 derives the alarms: a spike every 10,000 steps, a non-finite step every 100,000). Each block indexes
-the whole file as ``gradmon serve`` does at start — ``Run.poll`` slices of ``POLL_MAX_BYTES`` until
-the end, in this process, no event loop — either as shipped (``rule``) or with the rule switched
-off (``plain``). Blocks are interleaved, every ``rule`` block between two ``plain`` ones, and the
-figure is the median of the bracketed ratios (``benchmarks/stats.py``), so a machine whose load
-drifts still gives a fair ratio. ``--smoke``: 20,000 steps, one round (seconds).
+the whole file as ``gradmon serve`` does at start with no page connected — ``Run.poll`` slices of
+``POLL_IDLE_MAX_BYTES`` until the end, in this process, no event loop — either as shipped
+(``rule``) or with the rule switched off (``plain``). Blocks are interleaved, every ``rule`` block
+between two ``plain`` ones, and the figure is the median of the bracketed ratios
+(``benchmarks/stats.py``), so a machine whose load drifts still gives a fair ratio. ``--smoke``:
+20,000 steps, one round (seconds).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from benchmarks.runlogs import ensure_run_log
 from benchmarks.stats import bracket_schedule, bracketed_ratios, summarize
-from gradmon.server.app import POLL_MAX_BYTES
+from gradmon.server.app import POLL_IDLE_MAX_BYTES
 from gradmon.server.derived import DerivedAlarms
 from gradmon.server.runs import Run
 
@@ -36,14 +37,15 @@ class _NoRule(DerivedAlarms):
         return []
 
 
-def index_once(path: str, rule: bool) -> dict[str, Any]:
-    """Index ``path`` from scratch as the server does at start; seconds and what was derived."""
+def index_once(path: str, rule: bool, slice_bytes: int = POLL_IDLE_MAX_BYTES) -> dict[str, Any]:
+    """Index ``path`` from scratch as the server does at start (``slice_bytes``: with no page
+    connected); seconds and what was derived."""
     run = Run("bench", path)
     if not rule:
         run.index.derived = _NoRule()
     started = time.perf_counter()
     while True:
-        _reset, _batch, more = run.poll(POLL_MAX_BYTES)
+        _reset, _batch, more = run.poll(slice_bytes)
         if not more:
             break
     seconds = time.perf_counter() - started

@@ -1,13 +1,14 @@
 """How far the cold index is from a compiled floor (issue #26): ``python -m benchmarks.scan_floor
 [--steps N | --log PATH] [--rounds R] [--smoke]``.
 
-``scan_floor.c`` reads a run log as the server does (64 KiB slices, lines split) and takes every
+``scan_floor.c`` reads a run log as the server does (its slices, lines split) and takes every
 numeric value into a float64 column per key, and nothing else: no validation, no Python objects, no
 buckets, alarm rule or sidecar. It is built here with the compiler the server's scanner uses
 (``gradmon.server.native``). Beside it, in the same rounds (interleaved), the server's own cold
 index of the same log in this process (``index_alarms.index_once``: ``Run.poll`` slices of
-``POLL_MAX_BYTES``, the sidecar written, the derived alarm rule on). The ratio says how much of the
-index's time is reading numbers at all, and so what a fully compiled index could reach.
+``POLL_IDLE_MAX_BYTES``, as a server with no page connected reads a backlog, the sidecar written,
+the derived alarm rule on). The ratio says how much of the index's time is reading numbers at all,
+and so what a fully compiled index could reach.
 ``--smoke``: 20,000 steps, one round.
 """
 
@@ -24,7 +25,7 @@ from typing import Any
 from benchmarks.index_alarms import index_once
 from benchmarks.runlogs import ensure_run_log
 from benchmarks.stats import summarize
-from gradmon.server.app import POLL_MAX_BYTES
+from gradmon.server.app import POLL_IDLE_MAX_BYTES
 from gradmon.server.sidecar import sidecar_dir
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scan_floor.c")
@@ -41,7 +42,7 @@ def build(out_dir: str) -> str:
     return program
 
 
-def scan(program: str, path: str, slice_bytes: int = POLL_MAX_BYTES) -> dict[str, Any]:
+def scan(program: str, path: str, slice_bytes: int = POLL_IDLE_MAX_BYTES) -> dict[str, Any]:
     """One run of the probe on ``path``: ``{seconds, lines, slice, columns: {key: [count, sum]}}``."""
     proc = subprocess.run([program, path, str(slice_bytes)], check=True, capture_output=True, text=True,
                           timeout=600)
