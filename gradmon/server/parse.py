@@ -394,20 +394,20 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | Non
         for i, rec, line in zip(slow, scanned, stripped):
             decoded[i] = rec
             raw[i] = line
-        out.records, out.raw, out.offsets, out.check = decoded, raw, offsets, sorted(check)
-        return "step" in map(itemgetter("type"), scanned)
-    for k, i in enumerate(slow):
-        rec = scanned[k] if scanned is not None else None
-        if rec is None:
-            got = _decode_slow(raw[i])
-        else:  # (read by the scanner: validated above, all at once, else here)
-            got = (rec, raw[i].strip()) if valid else _validated(rec, raw[i])
-        if got is None:
-            bad.append(i)
-            continue
-        decoded[i], raw[i] = got
-        slow_steps = slow_steps or got[0].get("type") == "step"
-        check.add(i)
+        slow_steps = "step" in map(itemgetter("type"), scanned)
+    else:
+        for k, i in enumerate(slow):
+            rec = scanned[k] if scanned is not None else None
+            if rec is None:
+                got = _decode_slow(raw[i])
+            else:  # (read by the scanner: validated above, all at once, else here)
+                got = (rec, raw[i].strip()) if valid else _validated(rec, raw[i])
+            if got is None:
+                bad.append(i)
+                continue
+            decoded[i], raw[i] = got
+            slow_steps = slow_steps or got[0].get("type") == "step"
+            check.add(i)
     if bad:
         out.malformed = len(bad)
         drop = set(bad)

@@ -105,7 +105,7 @@ class SampledSeries:
         """:meth:`add` of consecutive records of segment ``seg`` (``records``: their dicts, for the
         order of their keys), a field at a time: ``columns`` holds each key's values (``None``
         where a record has no number there), keys in the order they first appear. The caller
-        makes sure that no field is compacted meanwhile (:meth:`room`); new fields are made in
+        makes sure that no field is compacted meanwhile (:meth:`room_left`); new fields are made in
         the order of their first numbers, as record by record."""
         first = {name: next(i for i, v in enumerate(values) if v is not None)
                  for name, values in columns.items()
@@ -174,20 +174,19 @@ class SampledSeries:
             if not rep.any and pts.increasing:  # (the common field: its points, one per step)
                 lo, hi = bisect_left(pts.steps, start), bisect_right(pts.steps, end)
                 at, got = pts.steps[lo:hi], pts.values[lo:hi]
-                native = _native_scanner() if hi - lo > points else None
-                idx = native.m4_indices(got, max(1, points // 4)) if native is not None else None
-                if idx is not None:  # (downsample_indices' rules, compiled: tests/test_native_scanner.py)
+                if hi - lo > points:
+                    idx = _kept(got, max(1, points // 4))
                     out[name] = {"step": list(map(at.__getitem__, idx)),
                                  "value": list(map(got.__getitem__, idx))}
-                    continue
-                steps, values = at.tolist(), got.tolist()
-            else:
-                by_step: dict[int, float] = {}
-                for s, v, k in zip(pts.steps, pts.values, pts.seg):
-                    if start <= s <= end and not rep.hides(k, s):
-                        by_step[s] = v  # file order: a repeat within a segment (a step going back) -> newest
-                steps = sorted(by_step)
-                values = [by_step[s] for s in steps]
+                else:
+                    out[name] = {"step": at.tolist(), "value": got.tolist()}
+                continue
+            by_step: dict[int, float] = {}
+            for s, v, k in zip(pts.steps, pts.values, pts.seg):
+                if start <= s <= end and not rep.hides(k, s):
+                    by_step[s] = v  # file order: a repeat within a segment (a step going back) -> newest
+            steps = sorted(by_step)
+            values = [by_step[s] for s in steps]
             if len(steps) > points:
                 idx = downsample_indices(values, max(1, points // 4))
                 steps = [steps[i] for i in idx]
