@@ -2,7 +2,8 @@
 
 A run is 20 steps of one train cell on the same batches from the same weights; two runs are
 "bit-identical" when every step's loss and every Parameter of the cell afterwards (weights and
-optimizer state; gradmon's own ``gradmon_*`` Parameters aside) have the same bytes.
+optimizer state; gradmon's own ``gradmon_*`` Parameters aside) have the same bytes. That holds with one
+CPU kernel thread only (tests/conftest.py): with more, the stock cell differs from itself under load.
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ def cell_params(cell: nn.Cell) -> dict[str, bytes]:
 
 def run(cell: nn.Cell, data: list[tuple[Tensor, ...]],
         before_step: Callable[[int], None] | None = None) -> Run:
+    assert ms.get_context("runtime_num_threads") == 1, "bit-identical runs need one CPU kernel thread"
     initial = cell_params(cell)
     outputs = []
     for i, batch in enumerate(data):
