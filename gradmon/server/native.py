@@ -177,15 +177,6 @@ def _self_test(module: ModuleType) -> None:
     got = module.bucket_cut(list(enumerate([step, other, step, step, other, step, None])), 1, 2)
     if got != 4:
         raise NativeBuildError(f"the compiled bucket cut's self-test failed: {got!r}")
-    # Two buckets of 2 rows as a level's columns, then merged into one (a tie of minima: the first).
-    column = struct.pack("=4d", 2.0, 1.0, 1.0, 3.0)
-    got = module.bucket_columns(["x", "y"], [column, None], [1, 2, 3, 4], 0, 2, 2)
-    codes = "Iqdqdqdqd"  # (pyramid.Level's)
-    want = {"x": tuple(struct.pack(f"=2{tc}", *v) for tc, v in zip(codes, (
-        (2, 2), (1, 3), (2.0, 1.0), (2, 4), (1.0, 3.0), (2, 3), (1.0, 1.0), (1, 4), (2.0, 3.0))))}
-    merged = {"x": tuple(map(struct.pack, (f"={tc}" for tc in codes), (4, 1, 2.0, 4, 3.0, 2, 1.0, 4, 3.0)))}
-    if got != want or module.merge_columns(want, 2) != merged:
-        raise NativeBuildError(f"the compiled level columns' self-test failed: {got!r}")
 
 
 def scanner() -> ModuleType | None:

@@ -792,14 +792,14 @@ static PyObject *bucket_columns(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "bucket_columns: names, floats or rows out of range");
         return NULL;
     }
-    PyObject *out = PyDict_New(), *result = NULL;
+    PyObject *out = PyDict_New();
     uint32_t *counts = PyMem_Malloc(sizeof(uint32_t) * (size_t)buckets);
     long long *ints = PyMem_Malloc(sizeof(long long) * 4 * (size_t)buckets);
     double *reals = PyMem_Malloc(sizeof(double) * 4 * (size_t)buckets);
     if (out == NULL || counts == NULL || ints == NULL || reals == NULL) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
-        goto done;
+        goto fail;
     }
     for (Py_ssize_t k = 0; k < nf; k++) {
         PyObject *f = PyList_GET_ITEM(floats, k);
@@ -807,7 +807,7 @@ static PyObject *bucket_columns(PyObject *self, PyObject *args) {
             continue;
         Py_buffer buf;
         if (PyObject_GetBuffer(f, &buf, PyBUF_SIMPLE) < 0)
-            goto done;
+            goto fail;
         const double *v = (const double *)buf.buf;
         int bad = buf.len / (Py_ssize_t)sizeof(double) < start + buckets * size;
         if (bad)
@@ -825,57 +825,60 @@ static PyObject *bucket_columns(PyObject *self, PyObject *args) {
             }
             Py_ssize_t at[4] = {r.first, r.last, r.imin, r.imax};
             counts[b] = (uint32_t)r.count;
-            for (int j = 0; j < 4 && !bad; j++) {
-                long long step = PyLong_AsLongLong(PyList_GET_ITEM(steps, at[j]));
-                if (step == -1 && PyErr_Occurred()) {  /* (a step beyond 64 bits: the caller's general path) */
-                    bad = PyErr_ExceptionMatches(PyExc_OverflowError) ? 2 : 1;
-                    if (bad == 2)
-                        PyErr_Clear();
-                }
-                ints[j * buckets + b] = step;
+            for (int j = 0; j < 4; j++) {
+                ints[j * buckets + b] = PyLong_AsLongLong(PyList_GET_ITEM(steps, at[j]));
                 reals[j * buckets + b] = v[at[j]];
+            }
+            if (PyErr_Occurred()) {  /* (a step beyond 64 bits: the caller's general path) */
+                bad = PyErr_ExceptionMatches(PyExc_OverflowError) ? 2 : 1;
+                if (bad == 2)
+                    PyErr_Clear();
             }
         }
         PyBuffer_Release(&buf);
         if (bad == 1)
-            goto done;
+            goto fail;
         if (bad == 2 || (filled != 0 && filled != buckets)) {
-            result = Py_None;
-            Py_INCREF(result);
-            goto done;
+            Py_DECREF(out);
+            PyMem_Free(counts);
+            PyMem_Free(ints);
+            PyMem_Free(reals);
+            Py_RETURN_NONE;
         }
         if (filled == 0)
             continue;
         PyObject *cols = PyTuple_New(9);
         if (cols == NULL || PyDict_SetItem(out, PyList_GET_ITEM(names, k), cols) < 0) {
             Py_XDECREF(cols);
-            goto done;
+            goto fail;
         }
         Py_DECREF(cols);  /* (out holds it) */
         Py_ssize_t n = buckets;
         PyObject *col = PyBytes_FromStringAndSize((const char *)counts, (Py_ssize_t)sizeof(uint32_t) * n);
         if (col == NULL)
-            goto done;
+            goto fail;
         PyTuple_SET_ITEM(cols, 0, col);
         for (int j = 0; j < 4; j++) {
             PyObject *s = PyBytes_FromStringAndSize((const char *)&ints[j * n], (Py_ssize_t)sizeof(long long) * n);
             if (s == NULL)
-                goto done;
+                goto fail;
             PyTuple_SET_ITEM(cols, 1 + 2 * j, s);
             PyObject *x = PyBytes_FromStringAndSize((const char *)&reals[j * n], (Py_ssize_t)sizeof(double) * n);
             if (x == NULL)
-                goto done;
+                goto fail;
             PyTuple_SET_ITEM(cols, 2 + 2 * j, x);
         }
     }
-    result = out;
-    out = NULL;
-done:
+    PyMem_Free(counts);
+    PyMem_Free(ints);
+    PyMem_Free(reals);
+    return out;
+fail:
     Py_XDECREF(out);
     PyMem_Free(counts);
     PyMem_Free(ints);
     PyMem_Free(reals);
-    return result;
+    return NULL;
 }
 
 /* merge_columns(columns, fanout): bucket_columns' columns of consecutive summaries that each hold
