@@ -4,8 +4,6 @@ any step range survive, whatever the run length and the bucket boundaries."""
 from __future__ import annotations
 
 import math
-import random
-from array import array
 
 import pytest
 from hypothesis import given, settings
@@ -13,9 +11,9 @@ from hypothesis import strategies as st
 from server_helpers import answer_from_memory, index_of, lines_of
 
 from gradmon.logformat.jsonl import encode_record
-from gradmon.server import native, parse
+from gradmon.server import parse
 from gradmon.server.index import RunIndex
-from gradmon.server.pyramid import BUCKET, FANOUT, Pyramid, Summary, merge_summaries
+from gradmon.server.pyramid import BUCKET, FANOUT, Summary, merge_summaries
 
 
 def _build(values, flags=()):
@@ -91,66 +89,6 @@ def test_merge_summaries_keeps_extremes_and_ends():
     assert m.fields["x"] == [3, 1, 5.0, 3, 9.0, 2, -1.0, 3, 9.0]
     assert m.points("x") == [(1, 5.0), (2, -1.0), (3, 9.0)]
     assert m.points("y") == [(4, 1.0)]
-
-
-def _random_bucket(rnd, i: int, names: list[str]) -> Summary:
-    """A base bucket's summary with a number in each of ``names``; values from a small set, so that
-    minima and maxima tie across buckets."""
-    s = Summary(i * 1000)
-    s.n = BUCKET
-    s.lo = rnd.randrange(10**6)
-    s.hi = s.lo + rnd.randrange(BUCKET)
-    for name in names:
-        steps = sorted(rnd.randrange(s.lo, s.hi + 1) for _ in range(4))
-        values = [rnd.choice([-1.0, 0.5, 2.0, 7.25]) for _ in range(4)]
-        s.fields[name] = [rnd.randrange(1, BUCKET + 1), steps[0], values[0], steps[3], values[1],
-                          steps[1], min(values), steps[2], max(values)]
-    return s
-
-
-def _dump(pyr: Pyramid) -> list:
-    return [(list(lvl.fields), [(s.lo, s.hi, s.n, s.offset, s.fields) for s in map(lvl.get, range(lvl.size))])
-            for lvl in pyr.levels]
-
-
-@settings(max_examples=80, deadline=None)
-@given(before=st.integers(0, 70), k=st.integers(1, 90), after=st.integers(0, 20), seed=st.integers(0, 2**32),
-       names=st.sampled_from([["x"], ["x", "y"], ["b", "a", "c"], []]))
-def test_buckets_pushed_column_wise_make_the_pyramid_pushing_them_one_by_one_makes(before, k, after, seed,
-                                                                                  names):
-    """``Pyramid.push_columns`` (whole groups of every level merged in C, the rest one by one) from
-    any point of a pyramid's filling: the same levels, field order included, as ``push`` of each
-    bucket (``merge_summaries``, ties to the earliest)."""
-    if native.scanner() is None:
-        pytest.skip("no compiled scanner here")
-    rnd = random.Random(seed)
-    buckets = [_random_bucket(rnd, i, names) for i in range(before + k + after)]
-    one = Pyramid()
-    for s in buckets:
-        one.push(s)
-    part = buckets[before:before + k]
-    cols = {name: tuple(array(tc, [s.fields[name][j] for s in part]).tobytes()
-                        for j, tc in enumerate(("I", "q", "d", "q", "d", "q", "d", "q", "d")))
-            for name in names}
-    pyr = Pyramid()
-    for s in buckets[:before]:
-        pyr.push(s)
-    assert pyr.takes_columns(cols)
-    pyr.push_columns([s.lo for s in part], [s.hi for s in part], [s.offset for s in part], cols)
-    for s in buckets[before + k:]:
-        pyr.push(s)
-    assert _dump(pyr) == _dump(one)
-
-
-def test_column_wise_buckets_need_the_levels_fields_in_their_order():
-    pyr = Pyramid()
-    s = Summary(0)
-    s.n, s.lo, s.hi = BUCKET, 1, BUCKET
-    s.fields = {"x": [1, 1, 1.0, 1, 1.0, 1, 1.0, 1, 1.0], "y": [1, 2, 2.0, 2, 2.0, 2, 2.0, 2, 2.0]}
-    pyr.push(s)
-    assert pyr.takes_columns({"x": (), "y": ()})
-    assert not pyr.takes_columns({"y": (), "x": ()}) and not pyr.takes_columns({"x": ()})
-    assert Pyramid().takes_columns({"y": (), "x": ()})
 
 
 def test_marks_events_eval_headers_and_end():

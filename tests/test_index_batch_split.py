@@ -20,7 +20,7 @@ from server_helpers import line_pairs
 from gradmon.server import history, native
 from gradmon.server.history import HistoryOptions, answer, build_job
 from gradmon.server.index import RunIndex
-from gradmon.server.pyramid import BUCKET, FANOUT, Pyramid
+from gradmon.server.pyramid import BUCKET
 from gradmon.server.steps import StepSeries
 
 _KEYS = ("loss", "grad_norm", "a", "b", "ts")
@@ -239,81 +239,3 @@ def test_other_records_among_the_step_records_do_not_depend_on_batch_boundaries(
                 (want.events, want.eval, want.layers, want.headers)
             assert snap.system_in(-math.inf, math.inf, 10**6) == want.system_in(-math.inf, math.inf, 10**6)
             assert idx.system.compactions == by_line.system.compactions
-
-
-def _levels(idx: RunIndex) -> list:
-    """Every level of the index's pyramid, whole: each summary as ``Level.get`` gives it back, and
-    the level's fields in their order."""
-    return [(list(lvl.fields), [(s.lo, s.hi, s.n, s.offset, s.fields) for s in map(lvl.get, range(lvl.size))])
-            for lvl in idx.steps.pyramid.levels]
-
-
-def _grouped_log(rnd, n: int, late: float) -> list[bytes]:
-    """``n`` step records with scanned values, steps going back now and then, and a key ("late")
-    that starts at the ``late`` fraction of the log, so that a group can have it in some of its
-    buckets only."""
-    lines = []
-    for s in range(n):
-        rec: dict = {"type": "step", "step": s if rnd.random() < 0.97 else rnd.randrange(n),
-                     "loss": rnd.choice(_SCANNED_ODD) if rnd.random() < 0.05 else rnd.random(),
-                     "grad_norm": rnd.random() * 10, "ts": 1e9 + s}
-        if s >= late * n:
-            rec["late"] = rnd.random()
-        lines.append(json.dumps(rec, separators=(",", ":")).encode())
-    return lines
-
-
-@settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**32), groups=st.integers(1, 6), extra=st.integers(0, 3 * BUCKET),
-       late=st.sampled_from([0.0, 0.3, 2.0]), cuts=st.lists(st.integers(1, 30 * BUCKET), max_size=4))
-def test_whole_buckets_pushed_column_wise_make_the_same_pyramid(seed, groups, extra, late, cuts):
-    """A batch's whole buckets go into the pyramid column-wise (``Pyramid.push_columns``), each
-    level's whole groups merged in C: every level, field order included, and every answer are the
-    same as the log's fed line by line."""
-    rnd = random.Random(seed)
-    lines = _grouped_log(rnd, groups * FANOUT * BUCKET + extra, late)
-    pairs = line_pairs(lines)
-    cuts = sorted({c % len(pairs) for c in cuts} - {0})
-    pushed = []
-    push_columns = Pyramid.push_columns
-
-    def spy(self, lo, *args):
-        pushed.append(len(lo))
-        return push_columns(self, lo, *args)
-
-    with mock.patch.object(Pyramid, "push_columns", spy):
-        grouped = _indexed(pairs, cuts)
-    one = _indexed(pairs, list(range(1, len(pairs))))
-    assert _levels(grouped) == _levels(one)
-    assert _answers(grouped, pairs) == _answers(one, pairs)
-    if native.scanner() is not None and not cuts and late != 0.3:
-        assert sum(pushed) == len(pairs) // BUCKET  # (one batch, every bucket has every field: all so)
-
-
-def test_a_batch_with_a_field_in_some_of_its_buckets_only_is_pushed_bucket_by_bucket():
-    """A field that starts inside a batch's buckets: that batch goes bucket by bucket (the levels'
-    fields are made as the buckets bring them), the batches before and after column-wise."""
-    if native.scanner() is None:
-        return
-    n = 3 * FANOUT * BUCKET
-    lines = [json.dumps({"type": "step", "step": s, "loss": 1.0 / (s + 1),
-                         **({"late": float(s)} if s >= (FANOUT + 2) * BUCKET else {})}).encode()
-             for s in range(n)]
-    pairs = line_pairs(lines)
-    pushed = []
-    push_columns = Pyramid.push_columns
-
-    def spy(self, lo, *args):
-        pushed.append(len(lo))
-        return push_columns(self, lo, *args)
-
-    cut = FANOUT * BUCKET  # (four buckets per batch; "late" starts in the second one's third bucket)
-    with mock.patch.object(Pyramid, "push_columns", spy):
-        grouped = _indexed(pairs, [cut, 2 * cut])
-    assert pushed == [FANOUT, FANOUT]  # (the first group and the third; not the second)
-    with mock.patch.object(Pyramid, "push_columns", spy):
-        assert _levels(_indexed(pairs, [])) == _levels(grouped)  # (one batch: bucket by bucket)
-    assert pushed == [FANOUT, FANOUT]
-    one = _indexed(pairs, list(range(1, len(pairs))))
-    assert _levels(grouped) == _levels(one)
-    assert list(grouped.steps.pyramid.base.fields) == ["loss", "late"]

@@ -126,29 +126,12 @@ class KeyColumns:
         have, or some value is not finite (then the caller summarizes, and marks, in Python)."""
         if not names:  # (no field yet: nothing to summarize)
             return [{} for _ in range(buckets)]
-        floats = self._name_floats(names)
-        if floats is None:
-            return None
-        return _native_scanner().bucket_fields(names, floats, self.values("step"), start, buckets, size)
-
-    def bucket_columns(self, names: list[str], start: int, buckets: int,
-                       size: int) -> dict[str, tuple[bytes, ...]] | None:
-        """:meth:`bucket_fields` as ``pyramid.Level`` columns (``Level.extend_columns``): per
-        name that has a number in every bucket, its nine columns packed. ``None`` as there, or
-        when some name has numbers in some of the buckets only."""
-        floats = self._name_floats(names)
-        if floats is None:
-            return None
-        return _native_scanner().bucket_columns(names, floats, self.values("step"), start, buckets, size)
-
-    def _name_floats(self, names: list[str]) -> list[Any] | None:
-        """The float64 column (:meth:`floats`) of each of ``names``, ``None`` for a name no
-        record has; ``None`` for all when the compiled scanner did not take one the records have."""
         keys = self.key_set()
         floats = [self.floats(name) if name in keys else None for name in names]
-        if _native_scanner() is None or any(f is None and name in keys for f, name in zip(floats, names)):
+        native = _native_scanner()
+        if native is None or any(f is None and name in keys for f, name in zip(floats, names)):
             return None
-        return floats
+        return native.bucket_fields(names, floats, self.values("step"), start, buckets, size)
 
     def key_set(self) -> set[str]:
         """Every key of the records (a set nobody may change)."""

@@ -161,7 +161,6 @@ def merge_summaries(parts: Sequence[Summary]) -> Summary:
 
 
 _FIELD_TYPECODES = ("I", "q", "d", "q", "d", "q", "d", "q", "d")
-_FIELD_WIDTHS = tuple(array(tc).itemsize for tc in _FIELD_TYPECODES)
 _BASE_COLUMNS = ("lo", "hi", "n", "offset")
 
 
@@ -213,31 +212,6 @@ class Level:
             f = s.fields.get(name)
             any(map(append, cols, repeat(0) if f is None else f))  # (each value into its column, in C)
         self.size += 1
-
-    def extend_columns(self, lo: Sequence[int], hi: Sequence[int], n: int, offsets: Sequence[int],
-                       fields: dict[str, Sequence[bytes]]) -> None:
-        """:meth:`append` of ``len(lo)`` summaries of ``n`` records each, given column-wise:
-        their steps' ranges, first offsets, and per field its nine columns as packed bytes in
-        ``_FIELD_TYPECODES`` (the compiled scanner's ``bucket_columns``: every summary has each of
-        ``fields``, none has another). New fields are made in the order of ``fields``, as
-        :meth:`append` of the first summary makes them."""
-        k = len(lo)
-        tail = self.tail
-        for name in fields:
-            if name not in self.fields:
-                self.fields[name] = [array(tc, [0]) * tail for tc in _FIELD_TYPECODES]
-        self._lo.extend(lo)
-        self._hi.extend(hi)
-        self._n.extend(repeat(n, k))
-        self._offset.extend(offsets)
-        for name, cols in self.fields.items():
-            packed = fields.get(name)
-            if packed is None:  # (a field none of these summaries has: zeros, as append writes)
-                for col in cols:
-                    col.extend(array(col.typecode, [0]) * k)
-            else:
-                any(map(array.frombytes, cols, packed))
-        self.size += k
 
     def get(self, i: int) -> Summary:
         k = self.stored
@@ -442,75 +416,10 @@ class Pyramid:
     def push(self, s: Summary) -> None:
         """Append the summary of the next base bucket (merging upwards as levels fill)."""
         self.levels[0].append(s)
-        self._merge_up(s, 0)
-
-    def takes_columns(self, fields: dict[str, Sequence[bytes]]) -> bool:
-        """Whether :meth:`push_columns` may take buckets with ``fields``: the compiled scanner,
-        which merges them, is here, and every level has no field yet or exactly these, in this
-        order (then the summaries it makes are the ones merging them one by one makes, field order
-        included)."""
-        names = list(fields)
-        return _native_scanner() is not None and all(not lvl.fields or list(lvl.fields) == names
-                                                      for lvl in self.levels)
-
-    def push_columns(self, lo: Sequence[int], hi: Sequence[int], offsets: Sequence[int],
-                     fields: dict[str, tuple[bytes, ...]]) -> None:
-        """:meth:`push` of consecutive base buckets of ``BUCKET`` records given column-wise: their
-        steps' ranges, first offsets, and per field its nine columns packed (the compiled
-        scanner's ``bucket_columns``: every bucket has a number in each of ``fields``, and
-        :meth:`takes_columns`). The whole groups of each level go in column-wise, merged in C
-        (``merge_columns``); the buckets before a level's next group and after its last one, one
-        by one, as :meth:`push` does."""
-        self._push_nodes(0, BUCKET, list(lo), list(hi), list(offsets), fields)
-
-    def _push_nodes(self, level: int, n: int, lo: list[int], hi: list[int], offsets: list[int],
-                    fields: dict[str, tuple[bytes, ...]]) -> None:
-        """Append consecutive summaries of ``n`` records each to ``level`` (column-wise, as
-        :meth:`push_columns` takes them; the levels below hold their records already) and merge
-        upwards."""
-        lvl = self._add_level(level)
-        k = len(lo)
-        head = min(k, -lvl.size % FANOUT)  # (the summaries that the level's open group still needs)
-        mid = head + (k - head) // FANOUT * FANOUT
-        views = {name: [memoryview(col).cast(tc) for col, tc in zip(cols, _FIELD_TYPECODES)]
-                 for name, cols in fields.items()} if head or mid < k else {}
-        for j in range(head):
-            self._push_node(level, n, lo[j], hi[j], offsets[j], views, j)
-        if mid > head:
-            part = fields if head == 0 and mid == k else {
-                name: tuple(col[head * w:mid * w] for col, w in zip(cols, _FIELD_WIDTHS))
-                for name, cols in fields.items()}
-            # (at a group's start, the level has no summary waiting to be merged: none is added)
-            lvl.extend_columns(lo[head:mid], hi[head:mid], n, offsets[head:mid], part)
-            groups = range(head, mid, FANOUT)
-            self._push_nodes(level + 1, n * FANOUT, [min(lo[a:a + FANOUT]) for a in groups],
-                             [max(hi[a:a + FANOUT]) for a in groups], offsets[head:mid:FANOUT],
-                             _native_scanner().merge_columns(part, FANOUT))
-        for j in range(mid, k):
-            self._push_node(level, n, lo[j], hi[j], offsets[j], views, j)
-
-    def _push_node(self, level: int, n: int, lo: int, hi: int, offset: int,
-                   views: dict[str, list[memoryview]], j: int) -> None:
-        """Append the ``j``-th summary of ``views`` (typed views of packed columns) to ``level``."""
-        s = Summary(offset)
-        s.n, s.lo, s.hi = n, lo, hi
-        s.fields = {name: [v[j] for v in cols] for name, cols in views.items()}
-        self.levels[level].append(s)
-        self._merge_up(s, level)
-
-    def _add_level(self, k: int) -> Level:
-        """Level ``k``, made (and attached to the sidecar's files when stored) if it is the next."""
-        if k == len(self.levels):
-            self.levels.append(Level())
-            if self.directory is not None and k < STORED_LEVELS:
-                self.attach(self.directory)
-        return self.levels[k]
-
-    def _merge_up(self, s: Summary, level: int) -> None:
-        """``s`` was appended to ``level``: merge the levels that it fills, upwards."""
         unmerged = self._unmerged
+        level = 0
         while True:
-            while level >= len(unmerged):
+            if level == len(unmerged):
                 unmerged.append([])
             parts = unmerged[level]
             parts.append(s)
@@ -522,6 +431,10 @@ class Pyramid:
                 # so the merge is Level.get's, field order included)
                 parts = [lvl.get(i) for i in range(lvl.size - FANOUT, lvl.size)]
             unmerged[level] = []
-            s = merge_summaries(parts)
-            self._add_level(level + 1).append(s)
+            s = merged = merge_summaries(parts)
+            if level + 1 == len(self.levels):
+                self.levels.append(Level())
+                if self.directory is not None and level + 1 < STORED_LEVELS:
+                    self.attach(self.directory)
+            self.levels[level + 1].append(merged)
             level += 1

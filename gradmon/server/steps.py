@@ -186,26 +186,14 @@ class StepSeries:
     def _whole_buckets(self, columns: KeyColumns, names: list[str], i: int, offsets: list[int],
                        steps: list[int]) -> int:
         """Push the whole buckets that the records from position ``i`` fill (the open bucket being
-        empty) straight into the pyramid, summarized from the compiled scanner's float64 columns;
-        returns how many records they held (0: not taken here, the caller's loop does it).
-        Column-wise (``KeyColumns.bucket_columns``, ``Pyramid.push_columns``) when every bucket
-        has a number in each field the levels have; else one by one, each bucket's fields from
-        ``KeyColumns.bucket_fields`` (both are ``_summarize``'s ``column_summary``)."""
+        empty) straight into the pyramid, summarized from the compiled scanner's float64 columns
+        (``KeyColumns.bucket_fields``, which is ``_summarize``'s ``column_summary``); returns
+        how many records they held (0: not taken here, the caller's loop does it)."""
         k = (len(steps) - i) // BUCKET
-        end = i + k * BUCKET
-        cols = columns.bucket_columns(names, i, k, BUCKET) if k else None
-        increasing = columns.increasing()
-        if cols is not None and self.pyramid.takes_columns(cols):
-            if increasing:
-                lo, hi = steps[i:end:BUCKET], steps[i + BUCKET - 1:end:BUCKET]
-            else:
-                lo = [min(steps[a:a + BUCKET]) for a in range(i, end, BUCKET)]
-                hi = [max(steps[a:a + BUCKET]) for a in range(i, end, BUCKET)]
-            self.pyramid.push_columns(lo, hi, offsets[i:end:BUCKET], cols)
-            return k * BUCKET
         fields = columns.bucket_fields(names, i, k, BUCKET)
         if fields is None:
             return 0
+        increasing = columns.increasing()
         push = self.pyramid.push
         for b in range(k):
             a = i + b * BUCKET

@@ -27,7 +27,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
-#include <stdint.h>
 #include <string.h>
 
 enum { T_INT = 1, T_FLOAT = 2, T_STR = 4, T_BOOL = 8, T_NONE = 16 };
@@ -626,36 +625,24 @@ static int any_nonfinite(const double *v, Py_ssize_t lo, Py_ssize_t hi) {
     return 0;
 }
 
-/* The rows a summary of rows [lo, lo + size) of v keeps (pyramid.column_summary: the first and
- * last number, the first of the smallest and the first of the largest); the count of numbers. */
-typedef struct {
-    Py_ssize_t count, first, last, imin, imax;
-} Rows;
-
-static Rows summary_rows(const double *v, Py_ssize_t lo, Py_ssize_t size) {
-    Rows k = {0, -1, -1, -1, -1};
+/* pyramid.column_summary of rows [lo, lo + size) of v (finite numbers, or MISSING_BITS: none):
+ * a new list, or None (a new reference) when none of them holds a number; NULL on an error. */
+static PyObject *summarize_rows(const double *v, PyObject *steps, Py_ssize_t lo, Py_ssize_t size) {
+    Py_ssize_t count = 0, first = -1, last = -1, imin = -1, imax = -1;
     for (Py_ssize_t r = lo; r < lo + size; r++) {
         unsigned long long bits;
         memcpy(&bits, &v[r], sizeof bits);
         if (bits == MISSING_BITS)
             continue;
-        if (k.first < 0)
-            k.first = k.imin = k.imax = r;
-        k.last = r;
-        k.count++;
-        if (v[r] < v[k.imin])
-            k.imin = r;
-        if (v[r] > v[k.imax])
-            k.imax = r;
+        if (first < 0)
+            first = imin = imax = r;
+        last = r;
+        count++;
+        if (v[r] < v[imin])
+            imin = r;
+        if (v[r] > v[imax])
+            imax = r;
     }
-    return k;
-}
-
-/* pyramid.column_summary of rows [lo, lo + size) of v (finite numbers, or MISSING_BITS: none):
- * a new list, or None (a new reference) when none of them holds a number; NULL on an error. */
-static PyObject *summarize_rows(const double *v, PyObject *steps, Py_ssize_t lo, Py_ssize_t size) {
-    Rows k = summary_rows(v, lo, size);
-    Py_ssize_t count = k.count, first = k.first, last = k.last, imin = k.imin, imax = k.imax;
     if (count == 0)
         Py_RETURN_NONE;
     return Py_BuildValue("[nOdOdOdOd]", count, PyList_GET_ITEM(steps, first), v[first], PyList_GET_ITEM(steps, last),
@@ -771,197 +758,6 @@ done:
             PyBuffer_Release(&bufs[k]);
     PyMem_Free(bufs);
     return out;
-}
-
-/* bucket_columns(names, floats, steps, start, buckets, size): bucket_fields' summaries as the
- * columns of a pyramid.Level: {name: (count, first_step, first, last_step, last, min_step, min,
- * max_step, max)}, each a bytes of `buckets` native values of the Level's typecodes (uint32,
- * then int64 steps and float64 values), for each name (in order) whose column holds a number in
- * every bucket. None when some value is not finite, or some column holds numbers in some buckets
- * and none in others (then the buckets' fields differ: the caller takes them one by one). */
-static PyObject *bucket_columns(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *names, *floats, *steps;
-    Py_ssize_t start, buckets, size;
-    if (!PyArg_ParseTuple(args, "O!O!O!nnn", &PyList_Type, &names, &PyList_Type, &floats, &PyList_Type, &steps, &start,
-                          &buckets, &size))
-        return NULL;
-    Py_ssize_t nf = PyList_GET_SIZE(names);
-    if (PyList_GET_SIZE(floats) != nf || start < 0 || buckets <= 0 || size <= 0 ||
-        start + buckets * size > PyList_GET_SIZE(steps)) {
-        PyErr_SetString(PyExc_ValueError, "bucket_columns: names, floats or rows out of range");
-        return NULL;
-    }
-    PyObject *out = PyDict_New();
-    uint32_t *counts = PyMem_Malloc(sizeof(uint32_t) * (size_t)buckets);
-    long long *ints = PyMem_Malloc(sizeof(long long) * 4 * (size_t)buckets);
-    double *reals = PyMem_Malloc(sizeof(double) * 4 * (size_t)buckets);
-    if (out == NULL || counts == NULL || ints == NULL || reals == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_NoMemory();
-        goto fail;
-    }
-    for (Py_ssize_t k = 0; k < nf; k++) {
-        PyObject *f = PyList_GET_ITEM(floats, k);
-        if (f == Py_None)
-            continue;
-        Py_buffer buf;
-        if (PyObject_GetBuffer(f, &buf, PyBUF_SIMPLE) < 0)
-            goto fail;
-        const double *v = (const double *)buf.buf;
-        int bad = buf.len / (Py_ssize_t)sizeof(double) < start + buckets * size;
-        if (bad)
-            PyErr_SetString(PyExc_ValueError, "bucket_columns: a column is shorter than the rows");
-        else if (any_nonfinite(v, start, start + buckets * size))
-            bad = 2;
-        Py_ssize_t filled = 0;  /* buckets that hold a number */
-        for (Py_ssize_t b = 0; !bad && b < buckets; b++) {
-            Rows r = summary_rows(v, start + b * size, size);
-            if (r.count == 0)
-                continue;
-            if (filled++ != b) {  /* (numbers in this bucket, none in an earlier one) */
-                bad = 2;
-                break;
-            }
-            Py_ssize_t at[4] = {r.first, r.last, r.imin, r.imax};
-            counts[b] = (uint32_t)r.count;
-            for (int j = 0; j < 4; j++) {
-                ints[j * buckets + b] = PyLong_AsLongLong(PyList_GET_ITEM(steps, at[j]));
-                reals[j * buckets + b] = v[at[j]];
-            }
-            if (PyErr_Occurred()) {  /* (a step beyond 64 bits: the caller's general path) */
-                bad = PyErr_ExceptionMatches(PyExc_OverflowError) ? 2 : 1;
-                if (bad == 2)
-                    PyErr_Clear();
-            }
-        }
-        PyBuffer_Release(&buf);
-        if (bad == 1)
-            goto fail;
-        if (bad == 2 || (filled != 0 && filled != buckets)) {
-            Py_DECREF(out);
-            PyMem_Free(counts);
-            PyMem_Free(ints);
-            PyMem_Free(reals);
-            Py_RETURN_NONE;
-        }
-        if (filled == 0)
-            continue;
-        PyObject *cols = PyTuple_New(9);
-        if (cols == NULL || PyDict_SetItem(out, PyList_GET_ITEM(names, k), cols) < 0) {
-            Py_XDECREF(cols);
-            goto fail;
-        }
-        Py_DECREF(cols);  /* (out holds it) */
-        Py_ssize_t n = buckets;
-        PyObject *col = PyBytes_FromStringAndSize((const char *)counts, (Py_ssize_t)sizeof(uint32_t) * n);
-        if (col == NULL)
-            goto fail;
-        PyTuple_SET_ITEM(cols, 0, col);
-        for (int j = 0; j < 4; j++) {
-            PyObject *s = PyBytes_FromStringAndSize((const char *)&ints[j * n], (Py_ssize_t)sizeof(long long) * n);
-            if (s == NULL)
-                goto fail;
-            PyTuple_SET_ITEM(cols, 1 + 2 * j, s);
-            PyObject *x = PyBytes_FromStringAndSize((const char *)&reals[j * n], (Py_ssize_t)sizeof(double) * n);
-            if (x == NULL)
-                goto fail;
-            PyTuple_SET_ITEM(cols, 2 + 2 * j, x);
-        }
-    }
-    PyMem_Free(counts);
-    PyMem_Free(ints);
-    PyMem_Free(reals);
-    return out;
-fail:
-    Py_XDECREF(out);
-    PyMem_Free(counts);
-    PyMem_Free(ints);
-    PyMem_Free(reals);
-    return NULL;
-}
-
-/* merge_columns(columns, fanout): bucket_columns' columns of consecutive summaries that each hold
- * a number of every field, merged `fanout` by `fanout` (pyramid.merge_summaries: the counts
- * added, the first of the first, the last of the last, the first of the smallest and of the
- * largest): the columns of the level above, as a new dict in the same order. */
-static PyObject *merge_columns(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *columns;
-    Py_ssize_t fanout;
-    if (!PyArg_ParseTuple(args, "O!n", &PyDict_Type, &columns, &fanout))
-        return NULL;
-    PyObject *out = PyDict_New();
-    if (out == NULL)
-        return NULL;
-    Py_ssize_t pos = 0;
-    PyObject *name, *cols;
-    while (PyDict_Next(columns, &pos, &name, &cols)) {
-        if (!PyTuple_Check(cols) || PyTuple_GET_SIZE(cols) != 9 || fanout <= 0) {
-            PyErr_SetString(PyExc_ValueError, "merge_columns: nine columns per field");
-            goto fail;
-        }
-        const char *c[9];
-        for (int j = 0; j < 9; j++) {
-            PyObject *b = PyTuple_GET_ITEM(cols, j);
-            if (!PyBytes_Check(b)) {
-                PyErr_SetString(PyExc_TypeError, "merge_columns: columns are bytes");
-                goto fail;
-            }
-            c[j] = PyBytes_AS_STRING(b);
-        }
-        Py_ssize_t n = PyBytes_GET_SIZE(PyTuple_GET_ITEM(cols, 0)) / (Py_ssize_t)sizeof(uint32_t);
-        if (n % fanout) {
-            PyErr_SetString(PyExc_ValueError, "merge_columns: not whole groups");
-            goto fail;
-        }
-        for (int j = 1; j < 9; j++)
-            if (PyBytes_GET_SIZE(PyTuple_GET_ITEM(cols, j)) != n * 8) {
-                PyErr_SetString(PyExc_ValueError, "merge_columns: columns of different lengths");
-                goto fail;
-            }
-        Py_ssize_t m = n / fanout;
-        PyObject *merged = PyTuple_New(9);
-        if (merged == NULL || PyDict_SetItem(out, name, merged) < 0) {
-            Py_XDECREF(merged);
-            goto fail;
-        }
-        Py_DECREF(merged);  /* (out holds it) */
-        char *d[9];
-        for (int j = 0; j < 9; j++) {
-            PyObject *b = PyBytes_FromStringAndSize(NULL, (j ? 8 : (Py_ssize_t)sizeof(uint32_t)) * m);
-            if (b == NULL)
-                goto fail;
-            PyTuple_SET_ITEM(merged, j, b);
-            d[j] = PyBytes_AS_STRING(b);
-        }
-        for (Py_ssize_t g = 0; g < m; g++) {
-            Py_ssize_t a = g * fanout, z = a + fanout - 1, lo = a, hi = a;
-            uint32_t count = 0;
-            for (Py_ssize_t i = a; i <= z; i++) {
-                uint32_t ci;
-                double vi, vlo, vhi;
-                memcpy(&ci, c[0] + 4 * i, 4);
-                count += ci;
-                memcpy(&vi, c[6] + 8 * i, 8);
-                memcpy(&vlo, c[6] + 8 * lo, 8);
-                if (vi < vlo)
-                    lo = i;
-                memcpy(&vi, c[8] + 8 * i, 8);
-                memcpy(&vhi, c[8] + 8 * hi, 8);
-                if (vi > vhi)
-                    hi = i;
-            }
-            memcpy(d[0] + 4 * g, &count, 4);
-            Py_ssize_t from[8] = {a, a, z, z, lo, lo, hi, hi};
-            for (int j = 1; j < 9; j++)
-                memcpy(d[j] + 8 * g, c[j] + 8 * from[j - 1], 8);
-        }
-    }
-    return out;
-fail:
-    Py_DECREF(out);
-    return NULL;
 }
 
 /* Append the int i to list out: 0, or -1 with an exception set. */
@@ -1331,10 +1127,6 @@ static PyObject *split_lines(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"bucket_fields", bucket_fields, METH_VARARGS,
      "bucket_fields(names, floats, steps, start, buckets, size) -> [{name: summary} per bucket] or None"},
-    {"bucket_columns", bucket_columns, METH_VARARGS,
-     "bucket_columns(names, floats, steps, start, buckets, size) -> {name: 9 packed Level columns} or None"},
-    {"merge_columns", merge_columns, METH_VARARGS,
-     "merge_columns(columns, fanout) -> bucket_columns' columns merged fanout by fanout"},
     {"bucket_summaries", bucket_summaries, METH_VARARGS,
      "bucket_summaries(floats, steps, start, buckets, size) -> [summary or None per bucket] or None"},
     {"field_points", field_points, METH_VARARGS,
