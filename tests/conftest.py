@@ -4,10 +4,10 @@ import mindspore as ms
 
 # One CPU kernel thread per test process, so that runs are reproducible bit for bit. With more,
 # MindSpore's CPU kernels split their work by a timed search whose pick depends on the machine's load,
-# and the split changes the last bits of some results: the stock nn.TrainOneStepCell with
-# nn.AdamOffload, run twice in one process under load, ended with different moments in 1 of 10 runs
-# here (the parity tests compare against such a run; 0 of 164 with one thread). Set before the
-# runtime starts: it is read once.
+# and the split changes the last bits of some results. Measured here under load, nn.AdamOffload's
+# moments differed between the stock nn.TrainOneStepCell and MonitoredTrainStep in 3 of 30 runs (once
+# the stock run was the odd one: both of ours agreed), and in 0 of 164 with one thread. The parity
+# tests compare such runs bit for bit. Set before the runtime starts: it is read once.
 try:
     from mindspore.device_context.cpu import op_tuning
 except ImportError:  # (MindSpore without device_context: the older setting)
