@@ -188,7 +188,7 @@ class SampledSeries:
             steps = sorted(by_step)
             values = [by_step[s] for s in steps]
             if len(steps) > points:
-                idx = downsample_indices(values, max(1, points // 4))
+                idx = _kept(array("d", values), max(1, points // 4))
                 steps = [steps[i] for i in idx]
                 values = [values[i] for i in idx]
             out[name] = {"step": steps, "value": values}
