@@ -23,6 +23,7 @@ from gradmon.logformat.jsonl import encode_record
 from gradmon.server import native
 from gradmon.server.columns import MISSING, MISSING_BITS
 from gradmon.server.parse import KeyColumns, parse_lines
+from gradmon.server.steprecords import LineRecords, StepRecords
 from gradmon.server.values import number
 
 _HEADERS = os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
@@ -107,6 +108,22 @@ def _line(rng: random.Random) -> bytes | None:
     return text.encode("utf-8")
 
 
+def _scan_steps(texts: list[bytes | None]) -> tuple:
+    """``scan_steps`` with its step records made as ``parse_lines`` makes them when read
+    (``steprecords``): (records line by line, undecided, columns, types, floats, the step records,
+    not_steps), each record checked against its shape on the way."""
+    scan = native.scanner()
+    shapes, undecided, columns, types, floats, rows, not_steps = scan.scan_steps(list(texts))
+    steps = StepRecords.scanned(columns, shapes, rows, scan.build_records)
+    records = LineRecords(steps, not_steps, len(texts)) if not_steps else steps
+    made = list(records)
+    # A shape starts at the first step record and wherever the keys' order changes, nowhere else.
+    keys = [tuple(r) for r in made if r is not None]
+    assert shapes == [(i, k) for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
+    assert rows == len(keys) and [i for i, r in enumerate(made) if r is None] == not_steps
+    return made, undecided, columns, types, floats, list(steps), not_steps
+
+
 def _same(a, b) -> bool:
     """Equal records, value types and float bits (repr), key order included."""
     return list(a) == list(b) and all(type(a[k]) is type(b[k]) and repr(a[k]) == repr(b[k]) for k in a)
@@ -165,7 +182,7 @@ def test_tokens_after_the_same_text_are_each_read():
     values = ["1", "12", "1", "1.0", "1.0e5", "1.05", "1.05", "0.1", "0.10", '"a"', '"ab"', '"a"', "true",
               '"true"', "true", "null", "0", "-0", "-0", "-1", "-1.5"]
     texts = [f'{{"type":"step","step":{i},"v":{v}}}'.encode() for i, v in enumerate(values)]
-    records = native.scanner().scan_steps(texts)[0]
+    records = _scan_steps(texts)[0]
     assert [r["v"] for r in records] == [json.loads(v) for v in values]
     assert [type(r["v"]) for r in records] == [type(json.loads(v)) for v in values]
     assert math.copysign(1, records[17]["v"]) == 1 and repr(records[18]["v"]) == "0"  # ("-0" is the int 0)
@@ -176,7 +193,7 @@ def _check_scan(texts: list[bytes | None]) -> None:
     """What the scanner makes of ``texts`` is what orjson, the standard library, ``KeyColumns`` and the
     sidecar's reading make of the lines it decides."""
     n = len(texts)
-    records, undecided, columns, types, floats, steps, not_steps = native.scanner().scan_steps(list(texts))
+    records, undecided, columns, types, floats, steps, not_steps = _scan_steps(list(texts))
     assert len(records) == n
     assert not_steps == [i for i, r in enumerate(records) if r is None]
     assert steps == [r for r in records if r is not None] and all(map(lambda a, b: a is b, steps,
@@ -226,7 +243,7 @@ def test_the_scanner_decides_the_writers_lines():
              "lr": 0.001, "spike": False, "clipped": True, "note": "warm-up"},
             {"type": "step", "step": 2, "loss": 1e-9, "grad_norm": 12345678.0, "lr": None, "zscore": -3.25}]
     texts = [encode_record(r).rstrip("\n").encode() for r in recs]
-    records, undecided, columns, _types, _floats, steps, not_steps = native.scanner().scan_steps(texts)
+    records, undecided, columns, _types, _floats, steps, not_steps = _scan_steps(texts)
     assert undecided == not_steps == [] and records == recs and steps == recs
     assert columns["lr"] == [0.001, None] and columns["zscore"] == [None, -3.25]
 
@@ -280,7 +297,7 @@ from gradmon.server.values import number
 from gradmon.server.parse import parse_lines
 line = b'{"type":"step","step":1,"loss":0.5}'
 parsed = parse_lines([(len(line) + 1, line)], 0)
-print(json.dumps([native.scanner() is not None, native.unavailable_reason(), parsed.records]))
+print(json.dumps([native.scanner() is not None, native.unavailable_reason(), list(parsed.records)]))
 """
 
 
@@ -329,7 +346,7 @@ def test_the_scanner_is_built_once_into_the_cache(tmp_path):
                  st.from_regex(r"\A-?(0|[1-9][0-9]{0,20})(\.[0-9]{1,20})?([eE][-+]?[0-9]{1,3})?\Z")))
 def test_a_number_the_scanner_reads_is_the_one_orjson_and_the_stdlib_read(text):
     line = b'{"type":"step","step":1,"v":' + text.encode() + b"}"
-    records, undecided, *_ = native.scanner().scan_steps([line])
+    records, undecided, *_ = _scan_steps([line])
     if records[0] is None:  # (left to orjson: a number beyond what the scanner reads, or not JSON)
         assert undecided == [0]
         return
@@ -405,7 +422,7 @@ def test_an_integer_beyond_2_to_the_53_is_left_to_orjson():
     # (2**53 + 1 and 2**53 are one double: a bucket's minimum taken from the float64 column would
     # be the first of them, Python's is the smaller)
     for v, decided in ((2**53, True), (2**53 + 1, False), (-(2**53) - 1, False), (10**17, False)):
-        records, undecided, *_ = native.scanner().scan_steps([b'{"type":"step","step":1,"v":%d}' % v])
+        records, undecided, *_ = _scan_steps([b'{"type":"step","step":1,"v":%d}' % v])
         assert (records[0] is not None) == decided and (undecided == []) == decided, v
         if decided:
             assert records[0]["v"] == v and type(records[0]["v"]) is int

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain, compress, count, islice, repeat
 from operator import gt, mul, sub
 from typing import Any, Optional
@@ -172,7 +172,7 @@ class BatchAlarmRule(AlarmRule):
         server reads numbers, ``values.number``) rather than failing on it."""
         return super().update(readable(record))
 
-    def update_steps(self, records: list[dict[str, Any]],
+    def update_steps(self, records: Sequence[dict[str, Any]],
                      columns: KeyColumns | None = None) -> list[tuple[int, dict[str, Any]]]:
         """Feed consecutive ``step`` records (in file order); return ``(position, event)`` pairs:
         the events ``update`` would return for each record, with that record's position
@@ -192,7 +192,7 @@ class BatchAlarmRule(AlarmRule):
         cols = (losses, norms, None if scales is None or scales.count(None) == len(scales) else scales)
         # (None in a column of floats is found by its types: ``in`` compares every float with None)
         sparse = (_NONE in loss_types, _NONE in norm_types)
-        odd = {*odd_losses, *odd_norms, *(_flag_without_norm(records, norms) if sparse[1] else ())}
+        odd = {*odd_losses, *odd_norms, *(_flag_without_norm(columns, norms) if sparse[1] else ())}
         lo = 0
         for i in [*sorted(odd), len(records)]:
             if i > lo:
@@ -202,12 +202,12 @@ class BatchAlarmRule(AlarmRule):
             lo = i + 1
         return out
 
-    def _one_by_one(self, records: list[dict[str, Any]], lo: int, hi: int,
+    def _one_by_one(self, records: Sequence[dict[str, Any]], lo: int, hi: int,
                     out: list[tuple[int, dict[str, Any]]]) -> None:
         for i in range(lo, hi):
             out.extend((i, e) for e in self.update(records[i]))
 
-    def _plain(self, records: list[dict[str, Any]], steps: list[int], columns: _Columns, lo: int, hi: int,
+    def _plain(self, records: Sequence[dict[str, Any]], steps: list[int], columns: _Columns, lo: int, hi: int,
                out: list[tuple[int, dict[str, Any]]], sparse: tuple[bool, bool] | None = None) -> None:
         """Records ``[lo, hi)``: increasing steps, every loss and norm a finite number or absent
         (``sparse``: whether some loss, some norm may be absent; ``None``: look).
@@ -410,11 +410,11 @@ def _finite_number(v: Any) -> bool:
         return False
 
 
-def _flag_without_norm(records: list[dict[str, Any]], norms: list[Any]) -> Iterable[int]:
+def _flag_without_norm(columns: KeyColumns, norms: list[Any]) -> Iterable[int]:
     """Positions of records with no norm and the ``nonfinite`` flag (flagged by the rule)."""
-    if None not in norms:
+    if None not in norms or "nonfinite" not in columns.key_set():
         return ()
-    flags = list(map(dict.get, records, repeat("nonfinite")))
+    flags = columns.values("nonfinite")
     if True not in flags:
         return ()
     return [i for i, f in enumerate(flags) if f is True and norms[i] is None]

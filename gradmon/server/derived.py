@@ -82,7 +82,7 @@ class DerivedAlarms:
             return self._run(lambda rule: [(0, e) for e in rule.update(record)], [offset], before=False)
         return []
 
-    def steps(self, records: list[dict[str, Any]], offsets: Sequence[int],
+    def steps(self, records: Sequence[dict[str, Any]], offsets: Sequence[int],
               columns: KeyColumns | None = None) -> list[dict[str, Any]]:
         """Consecutive step records starting at byte ``offsets[i]``: the events they raise
         (``columns``: their values by key, when taken already: ``parse.KeyColumns``)."""
@@ -123,14 +123,15 @@ class DerivedAlarms:
         return self._items[bisect_left(self._offsets, start):bisect_left(self._offsets, end)]
 
 
-def splice(items: list[T], offsets: Sequence[int], derived: list[Derived],
-           pick: Callable[[Derived], T]) -> list[T]:
+def splice(items: Sequence[T], offsets: Sequence[int], derived: list[Derived],
+           pick: Callable[[Derived], T]) -> Sequence[T]:
     """``items`` (a batch's records or lines, the one at ``offsets[i]`` in file order) with
     ``pick(d)`` of each derived event put at its anchor: after the line it follows, before the
     one it precedes (``derived`` in file order, as ``between`` gives them). A derived event whose
     line is not among them (it cannot be, when both come from the same range) goes last."""
     if not derived:
         return items
+    items = items if isinstance(items, list) else list(items)  # (a batch's records, made once)
     # Where each event goes, by bisection (a batch has ~20,000 items and a few events: no loop
     # per item), never before the one ahead of it.
     out: list[T] = []

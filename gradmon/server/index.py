@@ -38,6 +38,7 @@ from gradmon.server.parse import KeyColumns, ParsedLines, parse_lines
 from gradmon.server.query import HistoryPlan, plan_history
 from gradmon.server.sampled import SampledSeries
 from gradmon.server.segments import Replaced, Segments
+from gradmon.server.steprecords import StepRecords
 from gradmon.server.steps import TS, Mark, StepSeries
 from gradmon.server.values import finite, number
 
@@ -53,6 +54,21 @@ MAX_SYSTEM_FIELDS = 64
 _UNORDERED = frozenset({"system", "eval", "layers"})
 _FLOAT = {float}
 _INT = {int}
+
+
+class _Stamps(Sequence):
+    """Each record's ``ts`` (``None``: none), read from the record when asked for."""
+
+    __slots__ = ("_recs",)
+
+    def __init__(self, recs: Sequence[dict]) -> None:
+        self._recs = recs
+
+    def __len__(self) -> int:
+        return len(self._recs)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._recs[i].get(TS)
 
 
 class RunIndex:
@@ -108,13 +124,17 @@ class RunIndex:
             self._add_steps(recs, offsets, check, cols)
         else:
             self._add_mixed(recs, offsets, check, kinds, parsed.step_columns)
-        self.last_ts = next((ts for rec in reversed(recs) if (ts := finite(rec.get(TS))) is not None),
-                            self.last_ts)
+        if isinstance(recs, StepRecords) and cols is not None and cols.records is recs:
+            # (the compiled scanner's records are made when read: their ts column, taken already)
+            stamps: Sequence[Any] = cols.values(TS) if TS in cols.key_set() else []
+        else:
+            stamps = _Stamps(recs)
+        self.last_ts = next((ts for v in reversed(stamps) if (ts := finite(v)) is not None), self.last_ts)
         if self.first_ts is None:
-            self.first_ts = next((ts for rec in recs if (ts := finite(rec.get(TS))) is not None), None)
+            self.first_ts = next((ts for v in stamps if (ts := finite(v)) is not None), None)
         return parsed
 
-    def _add_mixed(self, recs: list[dict], offsets: list[int], check: list[int], kinds: list[Any],
+    def _add_mixed(self, recs: Sequence[dict], offsets: list[int], check: list[int], kinds: list[Any],
                    step_cols: KeyColumns | None) -> None:
         """A batch of step records and others, in file order: the step records between two records
         that order them (headers, events, ends: the kinds not in ``_UNORDERED``) go in together,
@@ -123,6 +143,8 @@ class RunIndex:
         could make a field compact (``SampledSeries.room_left``: which points a compaction drops
         depends on the segments as they are then) orders the records around it too, as fed line
         by line; the room is counted again after each."""
+        if step_cols is None and not isinstance(recs, list):
+            recs = list(recs)  # (the compiled scanner's records, read one by one below: made at once)
         others = list(compress(range(len(recs)), map(ne, kinds, repeat("step"))))  # (no loop per record)
         ordering = [j for j in others if kinds[j] not in _UNORDERED]
         system_at = [j for j in others if kinds[j] == "system"]
@@ -164,7 +186,7 @@ class RunIndex:
                 k += 1
             a, i = b, j + 1
 
-    def _add_steps(self, recs: list[dict], offsets: list[int], check: list[int],
+    def _add_steps(self, recs: Sequence[dict], offsets: list[int], check: list[int],
                    columns: KeyColumns | None = None) -> None:
         if columns is None or columns.records is not recs:
             columns = KeyColumns(recs)  # (taken once here, shared by the pyramid and the alarm rule)

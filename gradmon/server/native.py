@@ -137,20 +137,24 @@ _SELF_TEST = [b'{"type":"step","step":1,"loss":0.5,"x":"a","f":true,"n":null}',
 
 def _self_test(module: ModuleType) -> None:
     got = module.scan_steps(list(_SELF_TEST))
-    want = ([{"type": "step", "step": 1, "loss": 0.5, "x": "a", "f": True, "n": None},
-             {"type": "step", "step": -2, "loss": 0.001}, None, None, None], [3, 4],
+    records = [{"type": "step", "step": 1, "loss": 0.5, "x": "a", "f": True, "n": None},
+               {"type": "step", "step": -2, "loss": 0.001}]
+    missing = struct.pack("<Q", module.MISSING_BITS)
+    want = ([(0, ("type", "step", "loss", "x", "f", "n")), (1, ("type", "step", "loss"))], [3, 4],
             {"type": ["step", "step"], "step": [1, -2], "loss": [0.5, 0.001], "x": ["a", None],
              "f": [True, None], "n": [None, None]},
-            {"type": 4, "step": 1, "loss": 2, "x": 4 | 16, "f": 8 | 16, "n": 16})
-    records, *rest = want
-    missing = struct.pack("<Q", module.MISSING_BITS)
-    floats = {"type": missing * 2, "step": struct.pack("<2d", 1, -2), "loss": struct.pack("<2d", 0.5, 0.001),
-              "x": missing * 2, "f": missing * 2, "n": missing * 2}
-    want = (records, *rest, floats, [r for r in records if r is not None], [2, 3, 4])
+            {"type": 4, "step": 1, "loss": 2, "x": 4 | 16, "f": 8 | 16, "n": 16},
+            {"type": missing * 2, "step": struct.pack("<2d", 1, -2), "loss": struct.pack("<2d", 0.5, 0.001),
+             "x": missing * 2, "f": missing * 2, "n": missing * 2}, 2, [2, 3, 4])
     if got != want:
         raise NativeBuildError(f"the compiled scanner's self-test failed: {got!r}")
+    keys = want[0][0][1]
+    cols = [want[2][k] for k in keys]
+    got = (module.build_records(keys, cols, 0, 1), module.build_records(keys[:2], cols[:2], 0, 2))
+    if got != ([records[0]], [{"type": "step", "step": 1}, {"type": "step", "step": -2}]):
+        raise NativeBuildError(f"the compiled record builder's self-test failed: {got!r}")
     got = module.scan_records(list(_SELF_TEST))
-    if got != [*records[:2], {"type": "event", "step": 3}, None, None]:
+    if got != [*records, {"type": "event", "step": 3}, None, None]:
         raise NativeBuildError(f"the compiled record scanner's self-test failed: {got!r}")
     nan = float("nan")
     got = (module.m4_indices(struct.pack("<10d", 1, nan, 3, 0, 5, 2, 2, 9, -1, 4), 2),

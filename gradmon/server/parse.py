@@ -28,6 +28,7 @@ from typing import Any
 from gradmon.logformat.jsonl import STRICT_DECODER, RecordError, decode_record, encode_record, validate_record
 from gradmon.logformat.schema import INT_FIELDS, MARK_FLAGS, NUMBER_FIELDS
 from gradmon.server.native import scanner as _native_scanner
+from gradmon.server.steprecords import LineRecords, StepRecords
 from gradmon.server.values import FAST_TYPES
 
 __all__ = ["KeyColumns", "ParsedLines", "parse_lines"]
@@ -70,7 +71,7 @@ class KeyColumns:
 
     __slots__ = ("_floats", "_increasing", "_keys", "_no_bools", "_part_of", "_types", "_values", "records")
 
-    def __init__(self, records: list[dict]) -> None:
+    def __init__(self, records: Sequence[dict]) -> None:
         self.records = records
         self._values: dict[str, list[Any]] = {}
         self._types: dict[str, set[type]] = {}
@@ -155,7 +156,7 @@ class KeyColumns:
                 keys.add(key)
                 continue
             piece = whole.values(key)[start:stop]
-            if piece.count(None) < len(piece) or any(map(dict.__contains__, self.records, repeat(key))):
+            if piece.count(None) < len(piece) or _has_key(self.records, key):
                 keys.add(key)
         self._no_bools = whole._no_bools  # (no bool in the whole: none in a part of it)
         return keys
@@ -241,11 +242,19 @@ class KeyColumns:
         return self.types(key) <= FAST_TYPES
 
 
+def _has_key(records: Sequence[dict], key: str) -> bool:
+    """Whether one of ``records`` has ``key`` (the scanner's records say so without being made)."""
+    if isinstance(records, StepRecords):
+        return records.has_key(key)
+    return any(map(dict.__contains__, records, repeat(key)))
+
+
 @dataclass
 class ParsedLines:
     """The valid records of a batch of lines, in file order."""
 
-    records: list[dict] = field(default_factory=list)
+    # (a list, or the compiled scanner's steprecords.LineRecords / StepRecords, which read as one)
+    records: Sequence[Any] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)  # byte offset where each record's line starts
     raw: list[bytes] = field(default_factory=list)  # each record's line, without surrounding blanks
     # Indices (ascending) of records that may carry marks: decoded in full (they had non-finite
@@ -578,16 +587,18 @@ def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], texts: list[by
 
 
 def _candidates_native(scan: Any, texts: list[bytes | None]) -> tuple[
-        list[Any], set[int], list[Any] | None, list[int], list[dict], tuple[dict, dict, dict] | None]:
+        Sequence[Any], set[int], list[Any] | None, list[int], Sequence[dict], tuple[dict, dict, dict] | None]:
     """As :func:`_candidates_orjson`, by the compiled scanner (``native.py``), and besides: the
     positions of the lines without a candidate (ascending), the candidates (the lines' records
     without the ``None``), and the candidates' columns, types and float64 columns that the scanner
     took on the way (``None``: a line it left undecided is a candidate too). The lines it leaves
     undecided (nested values, escapes, non-ASCII, no ``type``...) are parsed here by orjson, as
     there."""
-    decoded, undecided, columns, types, floats, steps, holes = scan.scan_steps(texts)
+    shapes, undecided, columns, types, floats, rows, holes = scan.scan_steps(texts)
+    steps: Any = StepRecords.scanned(columns, shapes, rows, scan.build_records)
+    decoded: Any = LineRecords(steps, holes, len(texts)) if holes else steps
     typeless: set[int] = set()
-    scanned: tuple[dict, dict, dict] | None = (columns, types, floats) if steps else None
+    scanned: tuple[dict, dict, dict] | None = (columns, types, floats) if rows else None
     loads = _orjson_loads
     more = False
     for i in undecided:
@@ -604,6 +615,7 @@ def _candidates_native(scan: Any, texts: list[bytes | None]) -> tuple[
             more = True
     if more:  # (some undecided line is a candidate: the scanner's columns are not the candidates')
         scanned = None
+        decoded = list(decoded)
         holes = [i for i, r in enumerate(decoded) if r is None]
         steps = [r for r in decoded if r is not None]
     if not holes:

@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -129,7 +129,16 @@ class Batch:
     lines: list[bytes]  # the raw valid lines, strict JSON already (sent as they are), and the
     # alarm events the server derived from them (derived.py), each at its place
     status_changing: bool = False  # holds a header or an end record (the run's status may change)
-    records: list[dict] = field(default_factory=list)  # the same, decoded (for the webhook alerts)
+    parsed: ParsedLines | None = None  # the valid lines decoded
+    derived: list[Derived] = field(default_factory=list)  # the alarm events derived from them
+
+    @property
+    def records(self) -> Sequence[dict]:
+        """The records of ``lines``: ``parsed``'s, with the derived events at their places (for
+        the webhook alerts; spliced when asked for, as the compiled scanner's records are made)."""
+        if self.parsed is None:
+            return []
+        return splice(self.parsed.records, self.parsed.offsets, self.derived, attrgetter("event"))
 
 
 def _raise() -> None:
@@ -296,8 +305,7 @@ class Run:
                 self.index.steps.pyramid.release()  # (a map holds a descriptor: none outlives a poll)
             derived = self.index.derived.between(prev, self.tailer.offset)
             batch = Batch(self.tailer.gen, prev, self.tailer.offset, self.lines_to_send(parsed, derived),
-                          self.index.status_records != marks_status,
-                          splice(parsed.records, parsed.offsets, derived, attrgetter("event")))
+                          self.index.status_records != marks_status, parsed, derived)
         backlog_read = self.indexing and not res.more
         if not res.more:
             self.indexing = False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Sequence
 from itertools import islice, repeat
 from operator import le
 from typing import Any, Optional
@@ -24,6 +25,7 @@ from typing import Any, Optional
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES, OVERFLOW_REASON
 from gradmon.server.parse import KeyColumns, summarize_floats
 from gradmon.server.pyramid import BUCKET, Pyramid, Summary, column_summary
+from gradmon.server.steprecords import StepRecords
 from gradmon.server.values import FAST_TYPES, number
 
 __all__ = ["MAX_FIELDS", "MAX_MARKS", "TS", "Mark", "StepSeries"]
@@ -95,7 +97,7 @@ class StepSeries:
         """The names of the history series: the numeric fields, then ``ts`` when known."""
         return [*self.fields, TS] if self._has_ts else list(self.fields)
 
-    def add(self, recs: list[dict], offsets: list[int], check: list[int],
+    def add(self, recs: Sequence[dict], offsets: list[int], check: list[int],
             segment: int, columns: KeyColumns | None = None) -> tuple[int, int, bool]:
         """Index consecutive step records (starting at byte ``offsets[i]``) of ``segment``;
         ``check``: positions of those that may carry marks; ``columns``: their values by key, when
@@ -126,9 +128,15 @@ class StepSeries:
                    and not columns.types(name).isdisjoint(FAST_TYPES)} \
             if self._text_names or not self._known.issuperset(keys) else set()
         if pending or not self._known.issuperset(keys):  # (else every record's keys are known)
-            for pos, rec in enumerate(recs):
-                if not self._known.issuperset(rec) or (pending and not pending.isdisjoint(rec)):
-                    self._discover(rec, pos, added)
+            # (the compiled scanner's records are made when read: only those with such keys are)
+            runs = recs.shape_runs() if isinstance(recs, StepRecords) else [(0, len(recs), None)]
+            for first, stop, shape in runs:
+                for pos in range(first, stop):
+                    have = recs[pos] if shape is None else shape
+                    if not self._known.issuperset(have) or (pending and not pending.isdisjoint(have)):
+                        self._discover(recs[pos], pos, added)
+                    elif shape is not None:
+                        break  # (the run's later records have the same keys: none is looked at either)
         names = self.series_names()
         plain: list[tuple[str, bool]] | None = None  # (name, known plain ints/floats only), when needed
         checks = iter(check)

@@ -1,11 +1,13 @@
-/* gradmon's compiled line scanner: a batch of run-log lines -> the step records and their columns.
+/* gradmon's compiled line scanner: a batch of run-log lines -> the step records' columns.
  *
  * Built at first use into the per-user cache by gradmon/server/native.py (never required: without
  * a C compiler the index runs the same rules in Python, parse.py, which is the reference).
  *
  * scan_steps(texts) takes a list of lines (bytes, or None for an oversize line) and returns
- * (records, undecided, columns, types, floats, steps, not_steps):
- *   records    one item per line: the dict of a line that is a flat step record, else None;
+ * (shapes, undecided, columns, types, floats, rows, not_steps):
+ *   shapes     [(first_row, keys)]: where the step records' keys (a tuple, in the line's order)
+ *              change, from the first step record on; no dict is made (most records are read
+ *              only a column at a time: steprecords.StepRecords makes one when it is read);
  *   undecided  the positions of the lines this scanner does not decide (the caller's orjson and
  *              decode_record do, as without it);
  *   columns    {key: list} over the step records in order, None where a record lacks the key
@@ -13,12 +15,12 @@
  *   types      {key: bit mask of int 1, float 2, str 4, bool 8, None 16} (KeyColumns.types);
  *   floats     {key: bytes}: the column as native float64s, MISSING_BITS where no number (a bool,
  *              text, null or no value: columns.step_rows' reading of values.number);
- *   steps      the step records (records without the Nones);
- *   not_steps  the positions of the lines without one (records' Nones).
+ *   rows       how many step records;
+ *   not_steps  the positions of the lines without one.
  * A line is decided when it is one compact or spaced JSON object filling the whole line whose keys
  * are distinct and whose values are strings, numbers, true, false or null, with a string "type":
- * a step record when that is "step", else a record of another kind (None, decided: the caller's
- * decode_record reads those). Strings must be printable ASCII without escapes and not end with
+ * a step record when that is "step", else a record of another kind (in not_steps, decided: the
+ * caller's decode_record reads those). Strings must be printable ASCII without escapes and not end with
  * "NaN" or "Infinity" (the values decode_record turns into floats); integers up to 2^53 in size;
  * numbers are read by CPython's own float parser; anything else (nested values, escapes, UTF-8,
  * huge or infinite numbers, a missing "type", a repeated key) is left undecided, so that what this
@@ -442,23 +444,19 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
     double *nums = sc.nums;
     const unsigned char **toks = sc.toks;
     Py_ssize_t *tlens = sc.tlens;
-    PyObject *records = PyList_New(n);
+    PyObject *shapes = PyList_New(0);
     PyObject *undecided = PyList_New(0);
-    PyObject *steps = PyList_New(0);
     PyObject *not_steps = PyList_New(0);
     PyObject *columns = NULL, *types = NULL, *floats = NULL, *result = NULL;
     int norder = 0;
     Py_ssize_t rows = 0;
-    PyObject *prev = NULL;  /* the last step record (borrowed from records) */
-    if (scratch < 0 || records == NULL || undecided == NULL || steps == NULL || not_steps == NULL) {
+    if (scratch < 0 || shapes == NULL || undecided == NULL || not_steps == NULL) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyList_GET_ITEM(texts, i);
-        Py_INCREF(Py_None);
-        PyList_SET_ITEM(records, i, Py_None);
         int nf, is_step;
         int got = scan_text(&sc, item, i, &nf, &is_step, norder);
         if (got < 0) {
@@ -475,21 +473,30 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
             Py_DECREF(pos);
             continue;
         }
-        /* The same keys in the same order as the step record before: a copy of that one's dict
-         * (its key table cloned, no resizing on the way), its values replaced. */
-        int same = prev != NULL && nf == norder;
+        /* Keys in another order than the step record before's (or the first): a new shape. */
+        int same = rows > 0 && nf == norder;
         for (int k = 0; same && k < nf; k++)
             same = ents[k] == order[k];
-        PyObject *rec = same ? PyDict_Copy(prev) : PyDict_New();
-        if (rec == NULL) {
-            release(vals, nf);
-            goto done;
+        if (!same) {
+            PyObject *keys = PyTuple_New(nf);
+            if (keys == NULL) {
+                release(vals, nf);
+                goto done;
+            }
+            for (int k = 0; k < nf; k++) {
+                Py_INCREF(ents[k]->key);
+                PyTuple_SET_ITEM(keys, k, ents[k]->key);
+            }
+            PyObject *shape = Py_BuildValue("(nN)", rows, keys);
+            if (shape == NULL || PyList_Append(shapes, shape) < 0) {
+                Py_XDECREF(shape);
+                release(vals, nf);
+                goto done;
+            }
+            Py_DECREF(shape);
         }
         for (int k = 0; k < nf; k++) {
             Entry *e = ents[k];
-            /* (a copy of the record before already holds a value read again from its token) */
-            if (!(same && vals[k] == e->last_val) && PyDict_SetItem(rec, e->key, vals[k]) < 0)
-                goto fail_line;
             if (e->column == NULL) {  /* (at most one value per line: n slots hold the column) */
                 if ((e->column = PyList_New(n)) == NULL)
                     goto fail_line;
@@ -499,32 +506,24 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
                 }
             }
             backfill(e, rows);
-            Py_INCREF(vals[k]);
-            PyList_SET_ITEM(e->column, rows, vals[k]);
+            PyList_SET_ITEM(e->column, rows, vals[k]);  /* (steals the line's reference) */
+            vals[k] = NULL;
             e->floats[rows] = nums[k];
             e->filled = rows + 1;
             e->mask |= kinds[k];
             e->last_tok = toks[k];
             e->last_len = tlens[k];
-            e->last_val = vals[k];
+            e->last_val = PyList_GET_ITEM(e->column, rows);
             e->last_num = nums[k];
             e->last_kind = kinds[k];
             order[k] = e;
         }
         norder = nf;
-        release(vals, nf);
-        if (PyList_Append(steps, rec) < 0) {
-            Py_DECREF(rec);
-            goto done;
-        }
-        PyList_SET_ITEM(records, i, rec);  /* (steals rec; the None there was borrowed from the list) */
-        prev = rec;
-        Py_DECREF(Py_None);
         rows++;
         continue;
     fail_line:
-        Py_DECREF(rec);
-        release(vals, nf);
+        for (int k = 0; k < nf; k++)
+            Py_XDECREF(vals[k]);
         goto done;
     }
     columns = PyDict_New();
@@ -553,17 +552,64 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
         }
         Py_DECREF(raw);
     }
-    result = Py_BuildValue("(OOOOOOO)", records, undecided, columns, types, floats, steps, not_steps);
+    result = Py_BuildValue("(OOOOOnO)", shapes, undecided, columns, types, floats, rows, not_steps);
 done:
     scratch_free(&sc);
-    Py_XDECREF(records);
+    Py_XDECREF(shapes);
     Py_XDECREF(undecided);
-    Py_XDECREF(steps);
     Py_XDECREF(not_steps);
     Py_XDECREF(columns);
     Py_XDECREF(types);
     Py_XDECREF(floats);
     return result;
+}
+
+/* build_records(keys, columns, start, stop): the dicts of rows [start, stop) of a shape (keys, a
+ * tuple of str) whose values are columns (a list of lists, one per key, in the keys' order): each
+ * a copy of the one before (its key table cloned, no resizing on the way), its values replaced
+ * where they differ. steprecords.StepRecords makes a batch's records with it, when read. */
+static PyObject *build_records(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *keys, *cols;
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "O!O!nn", &PyTuple_Type, &keys, &PyList_Type, &cols, &start, &stop))
+        return NULL;
+    Py_ssize_t nk = PyTuple_GET_SIZE(keys);
+    if (PyList_GET_SIZE(cols) != nk || start < 0 || stop < start) {
+        PyErr_SetString(PyExc_ValueError, "build_records: one column per key, 0 <= start <= stop");
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        PyObject *c = PyList_GET_ITEM(cols, k);
+        if (!PyList_Check(c) || PyList_GET_SIZE(c) < stop) {
+            PyErr_SetString(PyExc_ValueError, "build_records: each column a list of at least stop values");
+            return NULL;
+        }
+    }
+    PyObject *out = PyList_New(stop - start);
+    if (out == NULL)
+        return NULL;
+    PyObject *prev = NULL;
+    for (Py_ssize_t r = start; r < stop; r++) {
+        PyObject *rec = prev != NULL ? PyDict_Copy(prev) : PyDict_New();
+        if (rec == NULL)
+            goto fail;
+        for (Py_ssize_t k = 0; k < nk; k++) {
+            PyObject *v = PyList_GET_ITEM(PyList_GET_ITEM(cols, k), r);
+            if (prev != NULL && v == PyList_GET_ITEM(PyList_GET_ITEM(cols, k), r - 1))
+                continue;  /* (the copy holds it already) */
+            if (PyDict_SetItem(rec, PyTuple_GET_ITEM(keys, k), v) < 0) {
+                Py_DECREF(rec);
+                goto fail;
+            }
+        }
+        PyList_SET_ITEM(out, r - start, rec);
+        prev = rec;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
 }
 
 /* scan_records(texts): per line (bytes, or None), the dict of the record it holds when this scanner
@@ -1139,7 +1185,9 @@ static PyMethodDef methods[] = {
     {"split_lines", split_lines, METH_VARARGS,
      "split_lines(data, start, base, max_line) -> ([(end, line)], position after the last newline) or None"},
     {"scan_records", scan_records, METH_O, "scan_records(texts) -> [the dict of each line it decides, else None]"},
-    {"scan_steps", scan_steps, METH_O, "scan_steps(texts) -> (records, undecided, columns, types, floats, steps, not_steps)"},
+    {"scan_steps", scan_steps, METH_O, "scan_steps(texts) -> (shapes, undecided, columns, types, floats, rows, not_steps)"},
+    {"build_records", build_records, METH_VARARGS,
+     "build_records(keys, columns, start, stop) -> [the dict of each row of a shape]"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,208 @@
+"""A batch's step records as the compiled scanner read them: dicts made only when read.
+
+The scanner (``csrc/scanlines.c``, ``scan_steps``) takes each key's column of a batch's step
+records in one pass, and the index reads those columns (the pyramid, the sidecar's rows, the alarm
+rule); a record is read one by one only where it may carry a mark, closes a bucket's tail or feeds
+the webhook alerts: ~5 % of a cold index's records. Making every record's dict anyway was ~40 %
+of the scan. So :class:`StepRecords` is a sequence of those dicts, each made from the columns the
+first time it is read (in the key order of its line: the scanner's *shapes*) and kept, so that
+reading it again gives the same object; a slice is a view of the same records. :class:`LineRecords`
+is a batch's records line by line (``None`` where a line holds no step record, until the caller
+puts the record it decoded there), the step records among them being a :class:`StepRecords`'.
+
+Both read as lists (``len``, indexing, slices, iteration, ``==`` with a list) and pickle as lists.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+__all__ = ["LineRecords", "StepRecords"]
+
+
+class _Rows:
+    """What the records of one batch share: the columns, the shapes and the dicts made so far."""
+
+    __slots__ = ("build", "columns", "keys", "made", "rows", "starts")
+
+    def __init__(self, columns: dict[str, list[Any]], shapes: list[tuple[int, tuple[str, ...]]],
+                 rows: int, build: Any) -> None:
+        self.columns = columns
+        self.starts = [first for first, _keys in shapes]
+        self.keys = [keys for _first, keys in shapes]
+        self.rows = rows
+        self.build = build  # the scanner's build_records(keys, columns, start, stop)
+        self.made: list[dict | None] | None = None  # per row, once a record is read
+
+    def one(self, r: int) -> dict:
+        made = self.made
+        if made is None:
+            made = self.made = [None] * self.rows
+        rec = made[r]
+        if rec is None:
+            keys = self.keys[bisect_right(self.starts, r) - 1]
+            rec = made[r] = dict(zip(keys, [self.columns[k][r] for k in keys]))
+        return rec
+
+    def fill(self, start: int, stop: int) -> list[dict]:
+        """Rows ``[start, stop)``, each made if it was not yet (a run of one shape in one call)."""
+        made = self.made
+        if made is None:
+            made = self.made = [None] * self.rows
+        s = bisect_right(self.starts, start) - 1
+        lo = start
+        while lo < stop:
+            hi = min(stop, self.starts[s + 1]) if s + 1 < len(self.starts) else stop
+            if None in made[lo:hi]:
+                keys = self.keys[s]
+                built = self.build(keys, [self.columns[k] for k in keys], lo, hi)
+                if made[lo:hi].count(None) == hi - lo:
+                    made[lo:hi] = built
+                else:  # (some were read already: those stay the objects handed out)
+                    for i, rec in enumerate(built, lo):
+                        if made[i] is None:
+                            made[i] = rec
+            lo = hi
+            s += 1
+        return made[start:stop]  # type: ignore[return-value]
+
+
+class StepRecords(Sequence):
+    """The step records ``[start, stop)`` of a batch, as dicts made when read (module docstring).
+    ``StepRecords.scanned(columns, shapes, rows, build)`` takes what ``scan_steps`` returned."""
+
+    __slots__ = ("_rows", "_start", "_stop")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, rows: _Rows, start: int, stop: int) -> None:
+        self._rows = rows
+        self._start = start
+        self._stop = stop
+
+    @classmethod
+    def scanned(cls, columns: dict[str, list[Any]], shapes: list[tuple[int, tuple[str, ...]]], rows: int,
+                build: Any) -> StepRecords:
+        return cls(_Rows(columns, shapes, rows, build), 0, rows)
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            start, stop, stride = i.indices(len(self))
+            if stride != 1:
+                return list(self)[i]
+            return StepRecords(self._rows, self._start + start, self._start + max(start, stop))
+        n = self._stop - self._start
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("step record index out of range")
+        return self._rows.one(self._start + i)
+
+    def __iter__(self) -> Iterator[dict]:
+        return iter(self._rows.fill(self._start, self._stop))
+
+    def __reversed__(self) -> Iterator[dict]:  # (one record made at a time: the last ones are read)
+        one = self._rows.one
+        return (one(r) for r in range(self._stop - 1, self._start - 1, -1))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (StepRecords, LineRecords, list)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return list, (list(self),)
+
+    def __repr__(self) -> str:
+        return f"StepRecords({list(self)!r})"
+
+    def shape_runs(self) -> list[tuple[int, int, tuple[str, ...]]]:
+        """``(start, stop, keys)``: the runs of records with the same keys in the same order (no
+        record made)."""
+        rows = self._rows
+        out = []
+        s = bisect_right(rows.starts, self._start) - 1
+        lo = self._start
+        while lo < self._stop:
+            hi = min(self._stop, rows.starts[s + 1]) if s + 1 < len(rows.starts) else self._stop
+            out.append((lo - self._start, hi - self._start, rows.keys[s]))
+            lo = hi
+            s += 1
+        return out
+
+    def has_key(self, key: str) -> bool:
+        """Whether one of the records has ``key``, from their shapes (no record made)."""
+        rows = self._rows
+        if self._start >= self._stop:
+            return False
+        s = bisect_right(rows.starts, self._start) - 1
+        e = bisect_left(rows.starts, self._stop)
+        return any(key in keys for keys in rows.keys[s:e])
+
+
+class LineRecords(Sequence):
+    """A batch's records line by line: the step record of a line that holds one (``steps``, in
+    order), ``None`` at ``holes`` (the other lines' positions, ascending) until one is put there."""
+
+    __slots__ = ("_holes", "_n", "_put", "_steps")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, steps: StepRecords, holes: list[int], n: int) -> None:
+        self._steps = steps
+        self._holes = holes
+        self._n = n
+        self._put: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return list(self)[i]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("record index out of range")
+        if i in self._put:
+            return self._put[i]
+        h = bisect_left(self._holes, i)
+        if h < len(self._holes) and self._holes[h] == i:
+            return None
+        return self._steps[i - h]
+
+    def __setitem__(self, i: int, value: Any) -> None:
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("record assignment index out of range")
+        self._put[i] = value
+
+    def __iter__(self) -> Iterator[Any]:
+        steps = list(self._steps)
+        out: list[Any] = []
+        at = 0  # the next line
+        r = 0  # the next step record
+        for h in self._holes:
+            out.extend(steps[r:r + h - at])
+            r += h - at
+            out.append(None)
+            at = h + 1
+        out.extend(steps[r:])
+        for i, value in self._put.items():
+            out[i] = value
+        return iter(out)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (StepRecords, LineRecords, list)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return list, (list(self),)
+
+    def __repr__(self) -> str:
+        return f"LineRecords({list(self)!r})"
