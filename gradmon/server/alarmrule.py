@@ -204,8 +204,8 @@ class BatchAlarmRule(AlarmRule):
 
     def _one_by_one(self, records: Sequence[dict[str, Any]], lo: int, hi: int,
                     out: list[tuple[int, dict[str, Any]]]) -> None:
-        for i in range(lo, hi):
-            out.extend((i, e) for e in self.update(records[i]))
+        for i, record in enumerate(records[lo:hi], lo):  # (a slice: the scanner's records made at once)
+            out.extend((i, e) for e in self.update(record))
 
     def _plain(self, records: Sequence[dict[str, Any]], steps: list[int], columns: _Columns, lo: int, hi: int,
                out: list[tuple[int, dict[str, Any]]], sparse: tuple[bool, bool] | None = None) -> None:

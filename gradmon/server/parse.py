@@ -349,6 +349,7 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
                 _other_kinds(out, len(out.records) - len(fast.records))
         return out
     records, offsets, raw, check = out.records, out.offsets, out.raw, out.check
+    decoded = list(decoded)  # (the compiled scanner's records: made at once, not one by one)
     offset = start
     for i, (end, line) in enumerate(lines):
         rec = decoded[i]
@@ -421,7 +422,8 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | Non
         out.malformed = len(bad)
         drop = set(bad)
         keep = [i for i in range(len(lines)) if i not in drop]
-        decoded = [decoded[i] for i in keep]
+        made = list(decoded)  # (the compiled scanner's records: made at once, not one by one)
+        decoded = [made[i] for i in keep]
         raw = [raw[i] for i in keep]
         offsets = [offsets[i] for i in keep]
         check = {k for k, i in enumerate(keep) if i in check}
