@@ -1,8 +1,9 @@
 """The compiled line scanner (``csrc/scanlines.c``), built at first use into the per-user cache.
 
-Indexing a big run log is dominated by making a dict per line and then taking each key's values
-out of those dicts again; the scanner does both in one pass in C, for the lines it can decide
-(flat records of printable ASCII: what gradmon's writer produces). It is never required: without
+Indexing a big run log in Python is dominated by making a dict per line and then taking each
+key's values out of those dicts again; the scanner takes each key's values in one pass in C, for
+the lines it can decide (flat records of printable ASCII: what gradmon's writer produces), and
+makes no dict (``steprecords.py`` makes a record's when it is read). It is never required: without
 a C compiler or Python's headers, or when ``GRADMON_NATIVE=0``, or when its self-test fails,
 ``parse.py`` runs the same rules in Python (its reference, which the tests compare it with).
 
