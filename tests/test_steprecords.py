@@ -9,6 +9,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from server_helpers import line_pairs
 
 from gradmon.logformat.jsonl import encode_record
 from gradmon.server import native
@@ -18,14 +19,6 @@ from gradmon.server.pyramid import BUCKET
 from gradmon.server.steprecords import LineRecords, StepRecords
 
 needs_scanner = pytest.mark.skipif(native.scanner() is None, reason="no compiled scanner here")
-
-
-def _pairs(lines: list[bytes]) -> list[tuple[int, bytes]]:
-    out, end = [], 0
-    for line in lines:
-        end += len(line) + 1
-        out.append((end, line))
-    return out
 
 
 def _line(rec: dict) -> bytes:
@@ -102,7 +95,7 @@ def test_a_cold_index_makes_few_step_records():
     recs = [{"type": "step", "step": s, "ts": 1.7e9 + s, "loss": 1.0 / s, "grad_norm": 0.5}
             for s in range(1, 1 + 9 * BUCKET)]
     recs[BUCKET + 100] = {**recs[BUCKET + 100], "grad_norm": 50.0, "spike": True}
-    pairs = _pairs([_line(r) for r in recs])
+    pairs = line_pairs([_line(r) for r in recs])
     idx = RunIndex()
     idx.add_lines(pairs[:BUCKET], 0)
     parsed = idx.add_lines(pairs[BUCKET:], pairs[BUCKET - 1][0])
@@ -123,12 +116,12 @@ def test_a_cold_index_makes_few_step_records():
 def test_a_mixed_batch_puts_its_other_records_at_their_lines():
     recs = [{"type": "step", "step": 1, "loss": 0.5}, {"type": "system", "step": 1, "cpu": 3.0},
             {"type": "step", "step": 2, "loss": 0.25, "x": 1}, {"type": "event", "kind": "note", "step": 2}]
-    parsed = parse_lines(_pairs([_line(r) for r in recs]), 0)
+    parsed = parse_lines(line_pairs([_line(r) for r in recs]), 0)
     assert isinstance(parsed.records, LineRecords) and list(parsed.records) == recs
     assert isinstance(parsed.step_columns.records, StepRecords)
     assert parsed.step_columns.records[1] is parsed.records[2]
     # A malformed line dropped: the rest as a list (of the same records).
     lines = [_line(r) for r in recs]
-    parsed = parse_lines(_pairs([*lines[:2], b"not json", *lines[2:]]), 0)
+    parsed = parse_lines(line_pairs([*lines[:2], b"not json", *lines[2:]]), 0)
     assert parsed.records == recs and parsed.malformed == 1
     assert parsed.step_columns.records[1] is parsed.records[2]

@@ -69,12 +69,29 @@ class _Rows:
         return made[start:stop]  # type: ignore[return-value]
 
 
-class StepRecords(Sequence):
+class _ListLike(Sequence):
+    """A sequence that compares, pickles and prints as the list of its items."""
+
+    __slots__ = ()
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (_ListLike, list)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return list, (list(self),)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+
+class StepRecords(_ListLike):
     """The step records ``[start, stop)`` of a batch, as dicts made when read (module docstring).
     ``StepRecords.scanned(columns, shapes, rows, build)`` takes what ``scan_steps`` returned."""
 
     __slots__ = ("_rows", "_start", "_stop")
-    __hash__ = None  # type: ignore[assignment]
 
     def __init__(self, rows: _Rows, start: int, stop: int) -> None:
         self._rows = rows
@@ -109,17 +126,6 @@ class StepRecords(Sequence):
         one = self._rows.one
         return (one(r) for r in range(self._stop - 1, self._start - 1, -1))
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (StepRecords, LineRecords, list)):
-            return list(self) == list(other)
-        return NotImplemented
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return list, (list(self),)
-
-    def __repr__(self) -> str:
-        return f"StepRecords({list(self)!r})"
-
     def shape_runs(self) -> list[tuple[int, int, tuple[str, ...]]]:
         """``(start, stop, keys)``: the runs of records with the same keys in the same order (no
         record made)."""
@@ -144,12 +150,11 @@ class StepRecords(Sequence):
         return any(key in keys for keys in rows.keys[s:e])
 
 
-class LineRecords(Sequence):
+class LineRecords(_ListLike):
     """A batch's records line by line: the step record of a line that holds one (``steps``, in
     order), ``None`` at ``holes`` (the other lines' positions, ascending) until one is put there."""
 
     __slots__ = ("_holes", "_n", "_put", "_steps")
-    __hash__ = None  # type: ignore[assignment]
 
     def __init__(self, steps: StepRecords, holes: list[int], n: int) -> None:
         self._steps = steps
@@ -195,14 +200,3 @@ class LineRecords(Sequence):
         for i, value in self._put.items():
             out[i] = value
         return iter(out)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (StepRecords, LineRecords, list)):
-            return list(self) == list(other)
-        return NotImplemented
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return list, (list(self),)
-
-    def __repr__(self) -> str:
-        return f"LineRecords({list(self)!r})"
