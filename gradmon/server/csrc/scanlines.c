@@ -20,8 +20,8 @@
  * A line is decided when it is one compact or spaced JSON object filling the whole line whose keys
  * are distinct and whose values are strings, numbers, true, false or null, with a string "type":
  * a step record when that is "step", else a record of another kind (in not_steps, decided: the
- * caller's decode_record reads those). Strings must be printable ASCII without escapes and not end with
- * "NaN" or "Infinity" (the values decode_record turns into floats); integers up to 2^53 in size;
+ * caller's decode_record reads those). Strings must be printable ASCII without escapes and not end
+ * with "NaN" or "Infinity" (the values decode_record turns into floats); integers up to 2^53 in size;
  * numbers are read by CPython's own float parser; anything else (nested values, escapes, UTF-8,
  * huge or infinite numbers, a missing "type", a repeated key) is left undecided, so that what this
  * scanner decides is exactly what orjson and the standard library read.
