@@ -46,17 +46,23 @@ class _Rows:
             rec = made[r] = dict(zip(keys, [self.columns[k][r] for k in keys]))
         return rec
 
+    def runs(self, start: int, stop: int) -> Iterator[tuple[int, int, tuple[str, ...]]]:
+        """``(lo, hi, keys)``: rows ``[start, stop)`` cut where the shape changes."""
+        s = bisect_right(self.starts, start) - 1
+        lo = start
+        while lo < stop:
+            hi = min(stop, self.starts[s + 1]) if s + 1 < len(self.starts) else stop
+            yield lo, hi, self.keys[s]
+            lo = hi
+            s += 1
+
     def fill(self, start: int, stop: int) -> list[dict]:
         """Rows ``[start, stop)``, each made if it was not yet (a run of one shape in one call)."""
         made = self.made
         if made is None:
             made = self.made = [None] * self.rows
-        s = bisect_right(self.starts, start) - 1
-        lo = start
-        while lo < stop:
-            hi = min(stop, self.starts[s + 1]) if s + 1 < len(self.starts) else stop
+        for lo, hi, keys in self.runs(start, stop):
             if None in made[lo:hi]:
-                keys = self.keys[s]
                 built = self.build(keys, [self.columns[k] for k in keys], lo, hi)
                 if made[lo:hi].count(None) == hi - lo:
                     made[lo:hi] = built
@@ -64,8 +70,6 @@ class _Rows:
                     for i, rec in enumerate(built, lo):
                         if made[i] is None:
                             made[i] = rec
-            lo = hi
-            s += 1
         return made[start:stop]  # type: ignore[return-value]
 
 
@@ -129,25 +133,12 @@ class StepRecords(_ListLike):
     def shape_runs(self) -> list[tuple[int, int, tuple[str, ...]]]:
         """``(start, stop, keys)``: the runs of records with the same keys in the same order (no
         record made)."""
-        rows = self._rows
-        out = []
-        s = bisect_right(rows.starts, self._start) - 1
-        lo = self._start
-        while lo < self._stop:
-            hi = min(self._stop, rows.starts[s + 1]) if s + 1 < len(rows.starts) else self._stop
-            out.append((lo - self._start, hi - self._start, rows.keys[s]))
-            lo = hi
-            s += 1
-        return out
+        at = self._start
+        return [(lo - at, hi - at, keys) for lo, hi, keys in self._rows.runs(at, self._stop)]
 
     def has_key(self, key: str) -> bool:
         """Whether one of the records has ``key``, from their shapes (no record made)."""
-        rows = self._rows
-        if self._start >= self._stop:
-            return False
-        s = bisect_right(rows.starts, self._start) - 1
-        e = bisect_left(rows.starts, self._stop)
-        return any(key in keys for keys in rows.keys[s:e])
+        return any(key in keys for _lo, _hi, keys in self._rows.runs(self._start, self._stop))
 
 
 class LineRecords(_ListLike):
