@@ -390,31 +390,35 @@ def test_bucket_summaries_are_column_summary_of_each_bucket(values, size, start,
                                    st.floats(allow_nan=False, allow_infinity=False, width=64)),
                          min_size=24, max_size=24) | st.none(), min_size=0, max_size=6),
        st.integers(1, 8), st.integers(0, 3), st.integers(-1, 23))
-def test_bucket_fields_are_each_name_s_bucket_summaries_in_one_call(columns, size, start, bad_row):
+def test_bucket_columns_are_each_name_s_bucket_summaries_column_wise(columns, size, start, bad_row):
     # Columns of one batch (None: a name none of the records has; rows without a number), summed
-    # up for several buckets at once: per bucket, each name's bucket_summaries where it has a
-    # number, in the names' order; None as soon as one value in the buckets is not finite.
+    # up for several buckets at once: per name, its bucket_summaries as the pyramid's nine
+    # columns (a row of zeros for a bucket without a number), None for a name with no number in
+    # any bucket; None for the whole call as soon as one value in the buckets is not finite.
     names = [f"k{j}" for j in range(len(columns))]
     steps = list(range(7, 7 + 24))
     buckets = (24 - start) // size
     floats = [None if c is None else array("d", [MISSING if v is None else v for v in c]).tobytes()
               for c in columns]
-    got = native.scanner().bucket_fields(names, floats, steps, start, buckets, size)
-    want: list = [{} for _ in range(buckets)]
-    for name, f in zip(names, floats):
-        if f is not None:
-            for b, summary in enumerate(native.scanner().bucket_summaries(f, steps, start, buckets, size)):
-                if summary is not None:
-                    want[b][name] = summary
-    assert repr(got) == repr(want) and [list(d) for d in got] == [list(d) for d in want]
+    got = native.scanner().bucket_columns(names, floats, steps, start, buckets, size)
+    want: list = []
+    for f in floats:
+        summaries = [] if f is None else native.scanner().bucket_summaries(f, steps, start, buckets, size)
+        if all(s is None for s in summaries):
+            want.append(None)
+            continue
+        rows = [s if s is not None else [0] * 9 for s in summaries]
+        want.append([array(tc, [row[c] for row in rows]).tobytes()
+                     for c, tc in enumerate(("I", "q", "d", "q", "d", "q", "d", "q", "d"))])
+    assert got == want
     scanned = [j for j, f in enumerate(floats) if f is not None]
     if scanned and start <= bad_row < start + buckets * size:
         bad = array("d", floats[scanned[-1]])
         bad[bad_row] = -math.inf
         floats[scanned[-1]] = memoryview(bad.tobytes())
-        assert native.scanner().bucket_fields(names, floats, steps, start, buckets, size) is None
+        assert native.scanner().bucket_columns(names, floats, steps, start, buckets, size) is None
     with pytest.raises(ValueError):
-        native.scanner().bucket_fields(names, floats, steps, start, buckets + 30, size)
+        native.scanner().bucket_columns(names, floats, steps, start, buckets + 30, size)
 
 
 @needs_scanner

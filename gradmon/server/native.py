@@ -177,6 +177,21 @@ def _self_test(module: ModuleType) -> None:
                                       [nan], [])]
     if got != [2.0, 2.5, None, None, None, None]:
         raise NativeBuildError(f"the compiled median's self-test failed: {got!r}")
+    # Two buckets of two rows, column-wise: one with a missing value, one without a number; merged.
+    got = module.bucket_columns(["a", "b"], [missing + struct.pack("<3d", 2, -1, 3), None], [5, 6, 7, 8],
+                                0, 2, 2)
+    want = [struct.pack("<2I", 1, 2), struct.pack("<2q", 6, 7), struct.pack("<2d", 2, -1),
+            struct.pack("<2q", 6, 8), struct.pack("<2d", 2, 3), struct.pack("<2q", 6, 7),
+            struct.pack("<2d", 2, -1), struct.pack("<2q", 6, 8), struct.pack("<2d", 2, 3)]
+    base = [struct.pack("<2q", 5, 7), struct.pack("<2q", 6, 8), struct.pack("<2I", 2, 2),
+            struct.pack("<2q", 0, 9)]
+    merged = module.merge_groups(base, [want], 0, 1, 2)
+    if got != [want, None] or merged != (
+            [struct.pack("<q", 5), struct.pack("<q", 8), struct.pack("<I", 4), struct.pack("<q", 0)],
+            [[struct.pack("<I", 3), struct.pack("<q", 6), struct.pack("<d", 2), struct.pack("<q", 8),
+              struct.pack("<d", 3), struct.pack("<q", 7), struct.pack("<d", -1), struct.pack("<q", 8),
+              struct.pack("<d", 3)]]):
+        raise NativeBuildError(f"the compiled bucket columns' self-test failed: {got!r} {merged!r}")
     # Where a slice's step records fill buckets of 2, one record already in the open one.
     step, other = b'{"type":"step","step":1}', b'{"type":"system"}'
     got = module.bucket_cut(list(enumerate([step, other, step, step, other, step, None])), 1, 2)

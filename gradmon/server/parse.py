@@ -119,20 +119,22 @@ class KeyColumns:
             return None
         return _missing_row() * (stop - start)
 
-    def bucket_fields(self, names: list[str], start: int, buckets: int, size: int) -> list[dict] | None:
-        """The fields of each of ``buckets`` consecutive buckets of ``size`` records from
-        ``start``, as ``pyramid.Summary.fields`` holds them: per bucket, the ``column_summary`` of
-        each of ``names`` that has a number there, in that order; by the compiled scanner from
-        :meth:`floats`, in one call. ``None`` when it did not take some name that the records
-        have, or some value is not finite (then the caller summarizes, and marks, in Python)."""
+    def bucket_columns(self, names: list[str], start: int, buckets: int,
+                       size: int) -> list[list[bytes] | None] | None:
+        """The summaries of ``buckets`` consecutive buckets of ``size`` records from ``start``,
+        column-wise as ``pyramid.Level`` keeps them: per name of ``names``, ``None`` (no number
+        there) or nine columns of a row per bucket (``pyramid.Block``), by the compiled scanner from
+        :meth:`floats`, in one call; a bucket's row is ``column_summary``'s of its records. ``None``
+        when it did not take some name that the records have, or some value is not finite (then the
+        caller summarizes, and marks, in Python)."""
         if not names:  # (no field yet: nothing to summarize)
-            return [{} for _ in range(buckets)]
+            return []
         keys = self.key_set()
         floats = [self.floats(name) if name in keys else None for name in names]
         native = _native_scanner()
         if native is None or any(f is None and name in keys for f, name in zip(floats, names)):
             return None
-        return native.bucket_fields(names, floats, self.values("step"), start, buckets, size)
+        return native.bucket_columns(names, floats, self.values("step"), start, buckets, size)
 
     def key_set(self) -> set[str]:
         """Every key of the records (a set nobody may change)."""

@@ -18,15 +18,15 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from gradmon.server.levelfiles import field_columns
 from gradmon.server.native import scanner as _native_scanner
 from gradmon.server.values import FAST_TYPES, number
 
-__all__ = ["BUCKET", "FANOUT", "STORED_LEVELS", "TAIL_MAX", "Level", "Pyramid", "Summary", "column_summary",
-           "finite_summary", "merge_summaries"]
+__all__ = ["BUCKET", "FANOUT", "STORED_LEVELS", "TAIL_MAX", "Block", "Level", "Pyramid", "Summary",
+           "column_summary", "finite_summary", "merge_summaries"]
 
 BUCKET = 128  # step records per base bucket
 FANOUT = 4  # buckets of a level per bucket of the level above
@@ -162,6 +162,35 @@ def merge_summaries(parts: Sequence[Summary]) -> Summary:
 
 _FIELD_TYPECODES = ("I", "q", "d", "q", "d", "q", "d", "q", "d")
 _BASE_COLUMNS = ("lo", "hi", "n", "offset")
+_BASE_TYPECODES = ("q", "q", "I", "q")
+
+
+class Block:
+    """Consecutive summaries of one level given column-wise, as :class:`Level` keeps them (what
+    :meth:`Pyramid.push_block` appends in one go): the base columns ``lo``, ``hi``, ``n`` and
+    ``offset``, and per field its nine columns (``_FIELD_TYPECODES``; a summary without the field
+    has a row of zeros there), each as the bytes of an ``array`` of the column's typecode."""
+
+    __slots__ = ("base", "fields", "size")
+
+    def __init__(self, base: Sequence[bytes], fields: dict[str, Sequence[bytes]]) -> None:
+        self.base = base
+        self.fields = fields
+        self.size = len(base[0]) // 8
+
+    def __len__(self) -> int:
+        return self.size
+
+    def summary(self, i: int) -> Summary:
+        """Summary ``i``, its fields in this block's order (those with a count there)."""
+        lo, hi, n, offset = (memoryview(c).cast(tc)[i] for c, tc in zip(self.base, _BASE_TYPECODES))
+        s = Summary(offset)
+        s.lo, s.hi, s.n = lo, hi, n
+        for name, cols in self.fields.items():
+            row = [memoryview(c).cast(tc)[i] for c, tc in zip(cols, _FIELD_TYPECODES)]
+            if row[0]:
+                s.fields[name] = row
+        return s
 
 
 class Level:
@@ -212,6 +241,27 @@ class Level:
             f = s.fields.get(name)
             any(map(append, cols, repeat(0) if f is None else f))  # (each value into its column, in C)
         self.size += 1
+
+    def extend(self, block: Block) -> None:
+        """Append a block's summaries (each of whose fields is one of this level's: as
+        :meth:`append` of each, with no new field)."""
+        k = len(block)
+        for col, got in zip((self._lo, self._hi, self._n, self._offset), block.base):
+            col.frombytes(got)
+        for name, cols in self.fields.items():
+            got = block.fields.get(name)
+            for c, b in zip(cols, got) if got is not None else ((c, bytes(c.itemsize * k)) for c in cols):
+                c.frombytes(b)
+        self.size += k
+
+    def merge_tail(self, first: int, groups: int, fanout: int) -> Block:
+        """The merges (``merge_summaries``) of ``groups`` groups of ``fanout`` summaries from
+        summary ``first``, all in the tail: by the compiled scanner, column by column."""
+        names = list(self.fields)
+        base, fields = _native_scanner().merge_groups(  # type: ignore[union-attr]
+            [self._lo, self._hi, self._n, self._offset], [self.fields[name] for name in names],
+            first - self.stored, groups, fanout)
+        return Block(base, dict(zip(names, fields)))
 
     def get(self, i: int) -> Summary:
         k = self.stored
@@ -438,3 +488,68 @@ class Pyramid:
                     self.attach(self.directory)
             self.levels[level + 1].append(merged)
             level += 1
+
+    def push_block(self, block: Block) -> None:
+        """Push the summaries of consecutive base buckets, given column-wise: as :meth:`push` of
+        each (the same levels, fields in the same order), but each level extended at once and its
+        merges made in C, when no level the block reaches is new or gets a new field (else one by
+        one: a young pyramid, a new field)."""
+        if not self._takes(block):
+            for i in range(len(block)):
+                self.push(block.summary(i))
+            return
+        level = 0
+        while len(block):
+            block = self._extend_level(level, block)
+            level += 1
+
+    def _takes(self, block: Block) -> bool:
+        """Whether every level that ``block`` reaches exists and has every field it brings there."""
+        if _native_scanner() is None:  # (the merges are made in C)
+            return False
+        names = [name for name, cols in block.fields.items() if any(cols[0])]
+        k = len(block)
+        for lvl in self.levels:
+            if not k:
+                return True
+            if not lvl.fields.keys() >= set(names):
+                return False
+            names = list(lvl.fields)  # (a merge has the level's fields)
+            k = (lvl.size + k) // FANOUT - lvl.size // FANOUT
+        return not k
+
+    def _extend_level(self, level: int, block: Block) -> Block:
+        """Append ``block`` to a level; return the merges of the groups it completes (for the
+        level above: maybe none)."""
+        lvl = self.levels[level]
+        size = lvl.size
+        lvl.extend(block)
+        while len(self._unmerged) <= level:
+            self._unmerged.append([])
+        self._unmerged[level] = []  # (push's next merge here reads its parts back: Level.get)
+        first, stop = size // FANOUT * FANOUT, (size + len(block)) // FANOUT * FANOUT
+        if first == stop:
+            return Block([b""] * 4, {})
+        if first >= lvl.stored:
+            return lvl.merge_tail(first, (stop - first) // FANOUT, FANOUT)
+        # (the first group began before a flush: its parts read back, as push merges them)
+        head = _block_of([merge_summaries([lvl.get(i) for i in range(first, first + FANOUT)])], lvl.fields)
+        if first + FANOUT == stop:
+            return head
+        rest = lvl.merge_tail(first + FANOUT, (stop - first) // FANOUT - 1, FANOUT)
+        fields = {name: [a + b for a, b in zip(cols, rest.fields[name])]
+                  for name, cols in head.fields.items()}
+        return Block([a + b for a, b in zip(head.base, rest.base)], fields)
+
+
+def _block_of(summaries: Sequence[Summary], names: Iterable[str]) -> Block:
+    """A block of ``summaries`` with the columns of fields ``names``."""
+    base = [array(tc, map(attrgetter(attr), summaries)).tobytes()
+            for tc, attr in zip(_BASE_TYPECODES, _BASE_COLUMNS)]
+    fields = {}
+    for name in names:
+        cols = [array(tc) for tc in _FIELD_TYPECODES]
+        for s in summaries:
+            any(map(array.append, cols, s.fields.get(name) or repeat(0)))
+        fields[name] = [c.tobytes() for c in cols]
+    return Block(base, fields)

@@ -4,7 +4,7 @@ Building is batched for speed: step records are held in the *open bucket* as dec
 is summarized a column at a time with C builtins (``sorted``/``index``) when it closes (see
 benchmarks/README.md for the speed); the whole buckets that a batch read by the compiled line
 scanner fills are summarized from its float64 columns without passing through the open bucket
-(``KeyColumns.bucket_fields``, the same summaries), and an open bucket filled by such batches
+(``KeyColumns.bucket_columns``, the same summaries), and an open bucket filled by such batches
 keeps their float64 pieces instead of lists, summarized by the scanner too (``summarize_floats``).
 Only the few records that may carry marks (a ``true`` flag, a non-finite value:
 ``parse.ParsedLines.check``) are looked at one by one. Non-finite values and flagged steps (spike,
@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES, OVERFLOW_REASON
 from gradmon.server.parse import KeyColumns, summarize_floats
-from gradmon.server.pyramid import BUCKET, Pyramid, Summary, column_summary
+from gradmon.server.pyramid import BUCKET, Block, Pyramid, Summary, column_summary
 from gradmon.server.steprecords import StepRecords
 from gradmon.server.values import FAST_TYPES, number
 
@@ -135,6 +135,8 @@ class StepSeries:
                     have = recs[pos] if shape is None else shape
                     if not self._known.issuperset(have) or (pending and not pending.isdisjoint(have)):
                         self._discover(recs[pos], pos, added)
+                        # (later records are looked at only for keys still unknown or text)
+                        pending -= self._known - self._text_names
                     elif shape is not None:
                         break  # (the run's later records have the same keys: none is looked at either)
         names = self.series_names()
@@ -194,26 +196,24 @@ class StepSeries:
     def _whole_buckets(self, columns: KeyColumns, names: list[str], i: int, offsets: list[int],
                        steps: list[int]) -> int:
         """Push the whole buckets that the records from position ``i`` fill (the open bucket being
-        empty) straight into the pyramid, summarized from the compiled scanner's float64 columns
-        (``KeyColumns.bucket_fields``, which is ``_summarize``'s ``column_summary``); returns
-        how many records they held (0: not taken here, the caller's loop does it)."""
+        empty) straight into the pyramid, as one block summarized from the compiled scanner's
+        float64 columns (``KeyColumns.bucket_columns``, which is ``_summarize``'s
+        ``column_summary``); returns how many records they held (0: not taken here, the caller's
+        loop does it)."""
         k = (len(steps) - i) // BUCKET
-        fields = columns.bucket_fields(names, i, k, BUCKET)
-        if fields is None:
+        got = columns.bucket_columns(names, i, k, BUCKET)
+        if got is None:
             return 0
-        increasing = columns.increasing()
-        push = self.pyramid.push
-        for b in range(k):
-            a = i + b * BUCKET
-            out = Summary(offsets[a])
-            out.n = BUCKET
-            if increasing:
-                out.lo, out.hi = steps[a], steps[a + BUCKET - 1]
-            else:
-                ordered = sorted(steps[a:a + BUCKET])
-                out.lo, out.hi = ordered[0], ordered[-1]
-            out.fields = fields[b]
-            push(out)
+        stop = i + k * BUCKET
+        if columns.increasing():
+            lo, hi = steps[i:stop:BUCKET], steps[i + BUCKET - 1:stop:BUCKET]
+        else:
+            ends = [sorted(steps[a:a + BUCKET]) for a in range(i, stop, BUCKET)]
+            lo, hi = [e[0] for e in ends], [e[-1] for e in ends]
+        base = [array("q", lo).tobytes(), array("q", hi).tobytes(), array("I", [BUCKET]).tobytes() * k,
+                array("q", offsets[i:stop:BUCKET]).tobytes()]
+        fields = {name: cols for name, cols in zip(names, got) if cols is not None}
+        self.pyramid.push_block(Block(base, fields))
         return k * BUCKET
 
     def close_bucket(self) -> None:

@@ -736,74 +736,266 @@ done:
     return out;
 }
 
-/* bucket_fields(names, floats, steps, start, buckets, size): the fields of each of `buckets`
- * consecutive buckets of `size` rows from row `start`, as pyramid.Summary.fields holds them: per
- * bucket a dict, in the order of `names`, of the summary (bucket_summaries') of each name whose
- * float64 column (floats[k]: a buffer, or None for a name none of the rows has) holds a number in
- * it. None when some column holds a number that is not finite in those rows. */
-static PyObject *bucket_fields(PyObject *self, PyObject *args) {
+/* bucket_columns(names, floats, steps, start, buckets, size): bucket_summaries of each name for
+ * `buckets` consecutive buckets of `size` rows from row `start`, column-wise as pyramid.Level keeps a
+ * level's summaries: per name None (its float64 column, floats[k], is None or holds no number in
+ * those rows) or nine bytes objects of a row per bucket, count (uint32), first_step (int64), first
+ * (float64), last_step, last, min_step, min, max_step, max; a bucket without a number is a row of
+ * zeros. None for the whole call when some column holds a number that is not finite there. */
+static PyObject *bucket_columns(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *names, *floats, *steps;
     Py_ssize_t start, buckets, size;
     if (!PyArg_ParseTuple(args, "O!O!O!nnn", &PyList_Type, &names, &PyList_Type, &floats, &PyList_Type, &steps, &start,
                           &buckets, &size))
         return NULL;
-    Py_ssize_t nf = PyList_GET_SIZE(names);
+    Py_ssize_t nf = PyList_GET_SIZE(names), rows = buckets * size;
     if (PyList_GET_SIZE(floats) != nf || start < 0 || buckets < 0 || size <= 0 ||
-        start + buckets * size > PyList_GET_SIZE(steps)) {
-        PyErr_SetString(PyExc_ValueError, "bucket_fields: names, floats or rows out of range");
+        start + rows > PyList_GET_SIZE(steps)) {
+        PyErr_SetString(PyExc_ValueError, "bucket_columns: names, floats or rows out of range");
         return NULL;
     }
     Py_buffer *bufs = PyMem_Calloc((size_t)(nf > 0 ? nf : 1), sizeof(Py_buffer));
-    if (bufs == NULL)
-        return PyErr_NoMemory();
+    long long *at = PyMem_Malloc((size_t)(rows > 0 ? rows : 1) * sizeof(long long));
     Py_ssize_t got = 0;  /* buffers taken: bufs[k] for k < got whose obj is not NULL */
     PyObject *out = NULL;
+    if (bufs == NULL || at == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        at[r] = PyLong_AsLongLong(PyList_GET_ITEM(steps, start + r));
+        if (at[r] == -1 && PyErr_Occurred())
+            goto done;
+    }
     for (; got < nf; got++) {
         PyObject *f = PyList_GET_ITEM(floats, got);
         if (f == Py_None)
             continue;
         if (PyObject_GetBuffer(f, &bufs[got], PyBUF_SIMPLE) < 0)
             goto done;
-        if (bufs[got].len / (Py_ssize_t)sizeof(double) < start + buckets * size) {
-            PyErr_SetString(PyExc_ValueError, "bucket_fields: a column is shorter than the rows");
+        if (bufs[got].len / (Py_ssize_t)sizeof(double) < start + rows) {
+            PyErr_SetString(PyExc_ValueError, "bucket_columns: a column is shorter than the rows");
             got++;
             goto done;
         }
-        if (any_nonfinite((const double *)bufs[got].buf, start, start + buckets * size)) {
+        if (any_nonfinite((const double *)bufs[got].buf, start, start + rows)) {
             got++;
             out = Py_None;
             Py_INCREF(out);
             goto done;
         }
     }
-    if ((out = PyList_New(buckets)) == NULL)
+    if ((out = PyList_New(nf)) == NULL)
         goto done;
-    for (Py_ssize_t b = 0; b < buckets; b++) {
-        PyObject *fields = PyDict_New();
-        if (fields == NULL) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        PyList_SET_ITEM(out, b, fields);
-        for (Py_ssize_t k = 0; k < nf; k++) {
-            if (bufs[k].obj == NULL)
-                continue;
-            PyObject *item = summarize_rows((const double *)bufs[k].buf, steps, start + b * size, size);
-            if (item == NULL || (item != Py_None && PyDict_SetItem(fields, PyList_GET_ITEM(names, k), item) < 0)) {
-                Py_XDECREF(item);
-                Py_CLEAR(out);
-                goto done;
+    for (Py_ssize_t k = 0; k < nf; k++) {
+        PyObject *cols[9] = {NULL};
+        Py_ssize_t with = 0;  /* buckets with a number */
+        if (bufs[k].obj != NULL) {
+            const double *v = (const double *)bufs[k].buf + start;
+            for (int c = 0; c < 9; c++)
+                if ((cols[c] = PyBytes_FromStringAndSize(NULL, buckets * (c ? 8 : 4))) == NULL)
+                    goto fail;
+            unsigned int *count = (unsigned int *)PyBytes_AS_STRING(cols[0]);
+            long long *ss[4];
+            double *vs[4];
+            for (int c = 0; c < 4; c++) {
+                ss[c] = (long long *)PyBytes_AS_STRING(cols[1 + 2 * c]);
+                vs[c] = (double *)PyBytes_AS_STRING(cols[2 + 2 * c]);
             }
-            Py_DECREF(item);
+            for (Py_ssize_t b = 0; b < buckets; b++) {
+                Py_ssize_t n = 0, first = -1, last = -1, imin = -1, imax = -1;
+                for (Py_ssize_t r = b * size; r < (b + 1) * size; r++) {
+                    unsigned long long bits;
+                    memcpy(&bits, &v[r], sizeof bits);
+                    if (bits == MISSING_BITS)
+                        continue;
+                    if (first < 0)
+                        first = imin = imax = r;
+                    last = r;
+                    n++;
+                    if (v[r] < v[imin])
+                        imin = r;
+                    if (v[r] > v[imax])
+                        imax = r;
+                }
+                count[b] = (unsigned int)n;
+                Py_ssize_t pick[4] = {first, last, imin, imax};
+                for (int c = 0; c < 4; c++) {
+                    ss[c][b] = n ? at[pick[c]] : 0;
+                    vs[c][b] = n ? v[pick[c]] : 0.0;
+                }
+                with += n > 0;
+            }
         }
+        PyObject *item = Py_None;
+        if (with) {
+            if ((item = PyList_New(9)) == NULL)
+                goto fail;
+            for (int c = 0; c < 9; c++) {
+                PyList_SET_ITEM(item, c, cols[c]);
+                cols[c] = NULL;
+            }
+        } else {
+            Py_INCREF(item);
+        }
+        for (int c = 0; c < 9; c++)
+            Py_XDECREF(cols[c]);
+        PyList_SET_ITEM(out, k, item);
+        continue;
+    fail:
+        for (int c = 0; c < 9; c++)
+            Py_XDECREF(cols[c]);
+        Py_CLEAR(out);
+        goto done;
     }
 done:
     for (Py_ssize_t k = 0; k < got; k++)
         if (bufs[k].obj != NULL)
             PyBuffer_Release(&bufs[k]);
     PyMem_Free(bufs);
+    PyMem_Free(at);
     return out;
+}
+
+/* Take a buffer of at least `rows` items of `itemsize` bytes; -1 with an exception set when not. */
+static int take_rows(PyObject *obj, Py_buffer *view, Py_ssize_t rows, Py_ssize_t itemsize) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (view->len < rows * itemsize) {
+        PyBuffer_Release(view);
+        view->obj = NULL;
+        PyErr_SetString(PyExc_ValueError, "merge_groups: a column is shorter than the rows");
+        return -1;
+    }
+    return 0;
+}
+
+/* merge_groups(base, fields, start, groups, fanout): pyramid.merge_summaries of each of `groups`
+ * consecutive groups of `fanout` summaries from row `start` of a level's columns, in the same
+ * layouts: base is [lo, hi, n, offset] (int64, int64, uint32, int64), fields a list of a field's
+ * nine columns (bucket_columns'). Returns (base, fields) of bytes objects of a row per group: the
+ * smallest lo, the largest hi, the sum of n, the first offset; per field the counts summed, the
+ * first and last value of the first and last part with a count, the first smallest minimum and the
+ * first largest maximum; a row of zeros where no part has a count. */
+static PyObject *merge_groups(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *base, *fields;
+    Py_ssize_t start, groups, fanout;
+    if (!PyArg_ParseTuple(args, "O!O!nnn", &PyList_Type, &base, &PyList_Type, &fields, &start, &groups, &fanout))
+        return NULL;
+    Py_ssize_t nf = PyList_GET_SIZE(fields), rows = start + groups * fanout;
+    if (PyList_GET_SIZE(base) != 4 || start < 0 || groups < 0 || fanout <= 0) {
+        PyErr_SetString(PyExc_ValueError, "merge_groups: bad arguments");
+        return NULL;
+    }
+    Py_ssize_t nviews = 4 + 9 * nf;
+    Py_buffer *views = PyMem_Calloc((size_t)nviews, sizeof(Py_buffer));
+    PyObject *outs = NULL, *result = NULL;
+    if (views == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t k = 0; k < nf; k++) {
+        PyObject *cols = PyList_GET_ITEM(fields, k);
+        if (!PyList_Check(cols) || PyList_GET_SIZE(cols) != 9) {
+            PyErr_SetString(PyExc_ValueError, "merge_groups: a field is not a list of nine columns");
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < nviews; i++) {
+        PyObject *obj = i < 4 ? PyList_GET_ITEM(base, i) : PyList_GET_ITEM(PyList_GET_ITEM(fields, (i - 4) / 9), (i - 4) % 9);
+        Py_ssize_t c = i < 4 ? (i == 2 ? 0 : 1) : (i - 4) % 9;  /* (4-byte columns: n and counts) */
+        if (take_rows(obj, &views[i], rows, c ? 8 : 4) < 0)
+            goto done;
+    }
+    if ((outs = PyList_New(nviews)) == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < nviews; i++) {
+        Py_ssize_t wide = i < 4 ? i != 2 : (i - 4) % 9 != 0;
+        PyObject *b = PyBytes_FromStringAndSize(NULL, groups * (wide ? 8 : 4));
+        if (b == NULL)
+            goto done;
+        PyList_SET_ITEM(outs, i, b);
+    }
+#define COL(list, i, type) ((type *)PyBytes_AS_STRING(PyList_GET_ITEM(list, i)))
+    {
+        const long long *lo = views[0].buf, *hi = views[1].buf, *off = views[3].buf;
+        const unsigned int *n = views[2].buf;
+        for (Py_ssize_t g = 0; g < groups; g++) {
+            Py_ssize_t a = start + g * fanout;
+            long long l = lo[a], h = hi[a];
+            unsigned long long sum = 0;
+            for (Py_ssize_t r = a; r < a + fanout; r++) {
+                l = lo[r] < l ? lo[r] : l;
+                h = hi[r] > h ? hi[r] : h;
+                sum += n[r];
+            }
+            COL(outs, 0, long long)[g] = l;
+            COL(outs, 1, long long)[g] = h;
+            COL(outs, 2, unsigned int)[g] = (unsigned int)sum;
+            COL(outs, 3, long long)[g] = off[a];
+        }
+    }
+    for (Py_ssize_t k = 0; k < nf; k++) {
+        Py_buffer *f = &views[4 + 9 * k];
+        const unsigned int *count = f[0].buf;
+        const long long *fs = f[1].buf, *ls = f[3].buf, *ns = f[5].buf, *xs = f[7].buf;
+        const double *fv = f[2].buf, *lv = f[4].buf, *nv = f[6].buf, *xv = f[8].buf;
+        Py_ssize_t o = 4 + 9 * k;
+        for (Py_ssize_t g = 0; g < groups; g++) {
+            Py_ssize_t a = start + g * fanout, first = -1, last = -1, imin = -1, imax = -1;
+            unsigned long long sum = 0;
+            for (Py_ssize_t r = a; r < a + fanout; r++) {
+                if (count[r] == 0)
+                    continue;
+                sum += count[r];
+                if (first < 0)
+                    first = imin = imax = r;
+                last = r;
+                if (nv[r] < nv[imin])
+                    imin = r;
+                if (xv[r] > xv[imax])
+                    imax = r;
+            }
+            int has = first >= 0;
+            COL(outs, o, unsigned int)[g] = (unsigned int)sum;
+            COL(outs, o + 1, long long)[g] = has ? fs[first] : 0;
+            COL(outs, o + 2, double)[g] = has ? fv[first] : 0.0;
+            COL(outs, o + 3, long long)[g] = has ? ls[last] : 0;
+            COL(outs, o + 4, double)[g] = has ? lv[last] : 0.0;
+            COL(outs, o + 5, long long)[g] = has ? ns[imin] : 0;
+            COL(outs, o + 6, double)[g] = has ? nv[imin] : 0.0;
+            COL(outs, o + 7, long long)[g] = has ? xs[imax] : 0;
+            COL(outs, o + 8, double)[g] = has ? xv[imax] : 0.0;
+        }
+    }
+#undef COL
+    {
+        PyObject *merged_base = PyList_GetSlice(outs, 0, 4);
+        PyObject *merged_fields = PyList_New(nf);
+        if (merged_base != NULL && merged_fields != NULL) {
+            for (Py_ssize_t k = 0; k < nf; k++) {
+                PyObject *cols = PyList_GetSlice(outs, 4 + 9 * k, 13 + 9 * k);
+                if (cols == NULL) {
+                    Py_CLEAR(merged_fields);
+                    break;
+                }
+                PyList_SET_ITEM(merged_fields, k, cols);
+            }
+        }
+        if (merged_base != NULL && merged_fields != NULL)
+            result = Py_BuildValue("(NN)", merged_base, merged_fields);
+        else {
+            Py_XDECREF(merged_base);
+            Py_XDECREF(merged_fields);
+        }
+    }
+done:
+    for (Py_ssize_t i = 0; i < nviews; i++)
+        if (views[i].obj != NULL)
+            PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_XDECREF(outs);
+    return result;
 }
 
 /* Append the int i to list out: 0, or -1 with an exception set. */
@@ -1171,8 +1363,10 @@ static PyObject *split_lines(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"bucket_fields", bucket_fields, METH_VARARGS,
-     "bucket_fields(names, floats, steps, start, buckets, size) -> [{name: summary} per bucket] or None"},
+    {"bucket_columns", bucket_columns, METH_VARARGS,
+     "bucket_columns(names, floats, steps, start, buckets, size) -> [nine columns or None per name] or None"},
+    {"merge_groups", merge_groups, METH_VARARGS,
+     "merge_groups(base, fields, start, groups, fanout) -> (base, fields) of the merged groups' rows"},
     {"bucket_summaries", bucket_summaries, METH_VARARGS,
      "bucket_summaries(floats, steps, start, buckets, size) -> [summary or None per bucket] or None"},
     {"field_points", field_points, METH_VARARGS,
