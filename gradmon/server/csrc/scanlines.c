@@ -671,9 +671,9 @@ static int any_nonfinite(const double *v, Py_ssize_t lo, Py_ssize_t hi) {
     return 0;
 }
 
-/* pyramid.column_summary of rows [lo, lo + size) of v (finite numbers, or MISSING_BITS: none):
- * a new list, or None (a new reference) when none of them holds a number; NULL on an error. */
-static PyObject *summarize_rows(const double *v, PyObject *steps, Py_ssize_t lo, Py_ssize_t size) {
+/* Of rows [lo, lo + size) of v (finite numbers, or MISSING_BITS: none), how many hold a number, and
+ * the rows of the first, the last, the first smallest and the first largest (at[0..3]; -1: none). */
+static Py_ssize_t row_extremes(const double *v, Py_ssize_t lo, Py_ssize_t size, Py_ssize_t at[4]) {
     Py_ssize_t count = 0, first = -1, last = -1, imin = -1, imax = -1;
     for (Py_ssize_t r = lo; r < lo + size; r++) {
         unsigned long long bits;
@@ -689,10 +689,22 @@ static PyObject *summarize_rows(const double *v, PyObject *steps, Py_ssize_t lo,
         if (v[r] > v[imax])
             imax = r;
     }
+    at[0] = first;
+    at[1] = last;
+    at[2] = imin;
+    at[3] = imax;
+    return count;
+}
+
+/* pyramid.column_summary of rows [lo, lo + size) of v (finite numbers, or MISSING_BITS: none):
+ * a new list, or None (a new reference) when none of them holds a number; NULL on an error. */
+static PyObject *summarize_rows(const double *v, PyObject *steps, Py_ssize_t lo, Py_ssize_t size) {
+    Py_ssize_t at[4];
+    Py_ssize_t count = row_extremes(v, lo, size, at);
     if (count == 0)
         Py_RETURN_NONE;
-    return Py_BuildValue("[nOdOdOdOd]", count, PyList_GET_ITEM(steps, first), v[first], PyList_GET_ITEM(steps, last),
-                         v[last], PyList_GET_ITEM(steps, imin), v[imin], PyList_GET_ITEM(steps, imax), v[imax]);
+    return Py_BuildValue("[nOdOdOdOd]", count, PyList_GET_ITEM(steps, at[0]), v[at[0]], PyList_GET_ITEM(steps, at[1]),
+                         v[at[1]], PyList_GET_ITEM(steps, at[2]), v[at[2]], PyList_GET_ITEM(steps, at[3]), v[at[3]]);
 }
 
 /* bucket_summaries(floats, steps, start, buckets, size): pyramid.column_summary of each of
@@ -804,23 +816,9 @@ static PyObject *bucket_columns(PyObject *self, PyObject *args) {
                 vs[c] = (double *)PyBytes_AS_STRING(cols[2 + 2 * c]);
             }
             for (Py_ssize_t b = 0; b < buckets; b++) {
-                Py_ssize_t n = 0, first = -1, last = -1, imin = -1, imax = -1;
-                for (Py_ssize_t r = b * size; r < (b + 1) * size; r++) {
-                    unsigned long long bits;
-                    memcpy(&bits, &v[r], sizeof bits);
-                    if (bits == MISSING_BITS)
-                        continue;
-                    if (first < 0)
-                        first = imin = imax = r;
-                    last = r;
-                    n++;
-                    if (v[r] < v[imin])
-                        imin = r;
-                    if (v[r] > v[imax])
-                        imax = r;
-                }
+                Py_ssize_t pick[4];
+                Py_ssize_t n = row_extremes(v, b * size, size, pick);
                 count[b] = (unsigned int)n;
-                Py_ssize_t pick[4] = {first, last, imin, imax};
                 for (int c = 0; c < 4; c++) {
                     ss[c][b] = n ? at[pick[c]] : 0;
                     vs[c][b] = n ? v[pick[c]] : 0.0;
