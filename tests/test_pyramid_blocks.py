@@ -33,7 +33,7 @@ def _summary(rnd: random.Random, step: int, offset: int, names: tuple[str, ...])
 
 def _levels(p: Pyramid) -> list:
     return [(k, lvl.size, list(lvl.fields),
-             [(s.lo, s.hi, s.n, s.offset, s.fields) for s in map(lvl.get, range(lvl.size))])
+             [(s.lo, s.hi, s.n, s.offset, list(s.fields.items())) for s in map(lvl.get, range(lvl.size))])
             for k, lvl in enumerate(p.levels)]
 
 
@@ -87,11 +87,10 @@ def test_a_pushed_block_builds_the_levels_pushing_each_summary_builds(tmp_path_f
     blocks, one_by_one = _build(ops, tmp, True), _build(ops, tmp, False)
     assert _levels(blocks) == _levels(one_by_one)
     # (and summaries pushed one by one after blocks merge with them as they would have)
-    extra = [("push", _block_of([_summary(random.Random(seed), 10**9 + 10 * i, 10**9 + i, _NAMES)], _NAMES))
-             for i in range(2 * FANOUT + 1)]
     for p in (blocks, one_by_one):
-        for _, b in extra:
-            p.push(b.summary(0))
+        rnd = random.Random(seed)
+        for i in range(2 * FANOUT + 1):
+            p.push(_summary(rnd, 10**9 + 10 * i, 10**9 + i, _NAMES))
     assert _levels(blocks) == _levels(one_by_one)
 
 
