@@ -183,14 +183,22 @@ class Block:
 
     def summary(self, i: int) -> Summary:
         """Summary ``i``, its fields in this block's order (those with a count there)."""
-        lo, hi, n, offset = (memoryview(c).cast(tc)[i] for c, tc in zip(self.base, _BASE_TYPECODES))
-        s = Summary(offset)
-        s.lo, s.hi, s.n = lo, hi, n
-        for name, cols in self.fields.items():
-            row = [memoryview(c).cast(tc)[i] for c, tc in zip(cols, _FIELD_TYPECODES)]
-            if row[0]:
-                s.fields[name] = row
-        return s
+        base = [memoryview(c).cast(tc) for c, tc in zip(self.base, _BASE_TYPECODES)]
+        fields = {name: [memoryview(c).cast(tc) for c, tc in zip(cols, _FIELD_TYPECODES)]
+                  for name, cols in self.fields.items()}
+        return _summary_at(base, fields, i)
+
+
+def _summary_at(base: Sequence[Sequence[int]], fields: dict[str, Sequence[Sequence[Any]]], i: int) -> Summary:
+    """Summary ``i`` of a level's columns (``base``: lo, hi, n, offset; per field its nine), its
+    fields those with a count there, in ``fields``' order."""
+    lo, hi, n, offset = (c[i] for c in base)
+    s = Summary(offset)
+    s.lo, s.hi, s.n = lo, hi, n
+    for name, cols in fields.items():
+        if cols[0][i]:
+            s.fields[name] = [c[i] for c in cols]
+    return s
 
 
 class Level:
@@ -271,13 +279,7 @@ class Level:
             s.lo, s.hi, s.n = lo, hi, n
             s.fields = self.store.fields_at(i)
             return s
-        i -= k
-        s = Summary(self._offset[i])
-        s.lo, s.hi, s.n = self._lo[i], self._hi[i], self._n[i]
-        for name, cols in self.fields.items():
-            if cols[0][i]:
-                s.fields[name] = [c[i] for c in cols]
-        return s
+        return _summary_at((self._lo, self._hi, self._n, self._offset), self.fields, i - k)
 
     def extend_points(self, name: str, nodes: Sequence[int], out: list[tuple[int, float]]) -> None:
         """Append to ``out`` the points of field ``name`` that summaries ``nodes`` (increasing

@@ -861,8 +861,7 @@ static int take_rows(PyObject *obj, Py_buffer *view, Py_ssize_t rows, Py_ssize_t
     if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0)
         return -1;
     if (view->len < rows * itemsize) {
-        PyBuffer_Release(view);
-        view->obj = NULL;
+        PyBuffer_Release(view);  /* (which sets view->obj to NULL: not released again) */
         PyErr_SetString(PyExc_ValueError, "merge_groups: a column is shorter than the rows");
         return -1;
     }
