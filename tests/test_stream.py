@@ -4,11 +4,12 @@ against every event, then random interleavings checked for no gap and no duplica
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gradmon.server.stream import (
     CATCH_UP_CHUNK,
+    SENT_KEPT,
     Action,
     Check,
     CursorError,
@@ -210,6 +211,31 @@ def test_a_catch_up_ends_on_a_reset_or_an_empty_read():
     assert s.next_step(s.catch_up_token, Position("other", 100)) is Step.DONE and s.mode is Mode.LIVE
 
 
+
+def test_a_catch_up_s_reads_end_where_the_messages_sent_before_ended():
+    # (a client that applied them is at one of those ends: the catch-up must pass there)
+    s = RunStream("g", 0)
+    assert s.on_batch("g", 0, 10, indexing=False) is Action.SEND
+    assert s.on_batch("g", 10, 25, indexing=False) is Action.SEND
+    run = Position("g", 40)
+    assert s.on_subscribe(Position("g", 0), run) is Action.START_CATCH_UP
+    token, ends = s.catch_up_token, []
+    while (step := s.next_step(token, run)) is not Step.DONE:
+        if isinstance(step, Check):
+            s.on_checked(step, True, run)
+        else:
+            ends.append(step.end)
+            assert s.on_read(step, step.end) is Action.SEND
+    assert ends == [10, 25, 40] and s.mode is Mode.LIVE
+    # a reset forgets them (the file's offsets are new); past SENT_KEPT, the older half is forgotten
+    s.on_reset("g")
+    for k in range(SENT_KEPT + 1):
+        s.on_batch("g", k, k + 1, indexing=False)
+    run = Position("g", SENT_KEPT + 1)
+    assert s.on_subscribe(Position("g", 0), run) is Action.START_CATCH_UP
+    s.on_checked(s.next_step(s.catch_up_token, run), True, run)
+    assert s.next_step(s.catch_up_token, run) == Read("g", 0, SENT_KEPT // 2 + 1)
+
 # ---- random interleavings: no gap, no duplicate -------------------------------------------------------
 
 class _Client:
@@ -305,4 +331,112 @@ def test_random_interleavings_have_no_gap_and_no_duplicate(ops):
         pass
     # the client holds every line exactly once, and follows the run live from its end
     assert w.client.have == set(range(w.size)) and w.client.cursor == w.stream.offset == w.size
+    assert w.stream.mode is Mode.LIVE
+
+
+# ---- messages in flight: a client that applies `records` exactly when `prev` is its cursor ----------
+
+class _Page:
+    """A client at the far end of a wire (docs/protocol.md's rule): it applies a ``records``
+    message exactly when ``prev`` is its cursor and ignores it otherwise; a history fetch sets its
+    cursor to the history's, while messages the server sent before are still on their way."""
+
+    def __init__(self, at: int):
+        self.cursor = at
+        self.have = list(range(at))  # the lines it holds, in order (each line is 1 byte)
+
+    def records(self, prev: int, end: int) -> None:
+        if prev == self.cursor:
+            self.have.extend(range(prev, end))
+            self.cursor = end
+
+    def refetch(self, at: int) -> None:
+        self.cursor = at
+        self.have = list(range(at))
+
+
+class _Wire(_World):
+    """``_World`` with a wire: what the server sends reaches the page only at a ``deliver``, and a
+    page's ``subscribe`` (sent after its history fetch) reaches the server only at an ``arrive``."""
+
+    def __init__(self):
+        super().__init__()
+        self.indexing = False
+        self.client = _Page(self.read)
+        self.wire: list[tuple] = []
+        self.subscribes: list[Position] = []
+
+    def tail(self, n: int) -> bool:
+        if self.read >= self.size:
+            return False
+        prev, self.read = self.read, min(self.size, self.read + 1 + n % 7)
+        action = self.stream.on_batch("g", prev, self.read, self.indexing)
+        if action is Action.SEND:
+            self.wire.append(("records", prev, self.read))
+        elif action is Action.START_CATCH_UP:
+            self.token = self.stream.catch_up_token
+        return True
+
+    def history(self) -> None:
+        self.client.refetch(self.read)  # the history answer ends where the run has been read
+        self.subscribes.append(Position("g", self.read))
+
+    def arrive(self) -> bool:
+        if not self.subscribes:
+            return False
+        action = self.stream.on_subscribe(self.subscribes.pop(0), Position("g", self.read))
+        if action is Action.START_CATCH_UP:
+            self.token = self.stream.catch_up_token
+        return True
+
+    def step(self, n: int) -> bool:
+        if self.token is None:
+            return False
+        step = self.stream.next_step(self.token, Position("g", self.read))
+        if isinstance(step, Check):
+            self.stream.on_checked(step, True, Position("g", self.read))
+        elif isinstance(step, Read):
+            end = min(step.end, step.start + 1 + n % 5)
+            if self.stream.on_read(step, end) is Action.SEND:
+                self.wire.append(("records", step.start, end))
+        elif step is Step.DONE:
+            self.token = None
+        return True
+
+    def deliver(self) -> bool:
+        if not self.wire:
+            return False
+        _kind, prev, end = self.wire.pop(0)
+        self.client.records(prev, end)
+        return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["append", "tail", "step", "history", "arrive", "deliver"]),
+                              st.integers(0, 40)), max_size=60))
+# (the page's history ends at 10; the connect-time stream sends [10, 13); the subscribe from 10
+# arrives; the tailer reads on to 16 unsent; the catch-up reads [10, 15): after it, only a message
+# from 13 would continue the page, which applied [10, 13))
+@example(ops=[("append", 20), ("history", 0), ("tail", 2), ("arrive", 0), ("tail", 2), ("step", 0),
+              ("step", 4)])
+def test_messages_sent_before_a_subscribe_takes_effect_leave_no_gap_and_no_duplicate(ops):
+    # (a records message of the connect-time stream that starts at the page's history cursor is
+    # applied; the catch-up from that cursor must then go on from where that message ended)
+    w = _Wire()
+    for op, n in ops:
+        if op == "append":
+            w.size += n
+        elif op == "tail":
+            w.tail(n)
+        elif op == "history":
+            w.history()
+        elif op == "arrive":
+            w.arrive()
+        elif op == "deliver":
+            w.deliver()
+        else:
+            w.step(n)
+    while w.arrive() or w.step(1) or w.tail(3) or w.deliver():  # all is read, sent and delivered
+        pass
+    assert w.client.have == list(range(w.size)) and w.client.cursor == w.stream.offset == w.size
     assert w.stream.mode is Mode.LIVE

@@ -9,7 +9,9 @@ position (generation, offset) up to which the client has been sent records, and 
 - ``LIVE``: it follows the tail; a batch that starts at its position is sent.
 - ``CATCH_UP``: it is behind (a ``subscribe`` from an older cursor); records are read back from
   the file a chunk at a time until it reaches the run's position, then it is ``LIVE`` again.
-  Batches meanwhile are not sent: the reading covers them.
+  Batches meanwhile are not sent: the reading covers them. A chunk ends at the next place where a
+  message sent before ended (``SENT_KEPT`` of them are kept): the client may have applied the
+  messages sent before its ``subscribe`` took effect up to any of those, and goes on from there.
 - ``HELD``: the run's backlog is being read (indexing); its records are not streamed. When the
   reading ends, one ``lagged`` tells the client to refetch the history; then ``LIVE``.
 
@@ -24,15 +26,20 @@ a reset) is ignored. ``GradmonServer`` carries the actions out.
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 __all__ = [
-    "CATCH_UP_CHUNK", "Action", "Check", "CursorError", "Lagged", "Mode", "Position", "Read", "Reset",
-    "RunStream", "Step", "parse_cursor",
+    "CATCH_UP_CHUNK", "SENT_KEPT", "Action", "Check", "CursorError", "Lagged", "Mode", "Position", "Read",
+    "Reset", "RunStream", "Step", "parse_cursor",
 ]
 
 CATCH_UP_CHUNK = 64 << 10  # bytes read back (and validated, on the loop) per catch-up step
+# Where the latest messages sent ended, kept per stream (32 to 64 of them, 8 bytes each; none for a
+# stream that sent nothing): a catch-up's chunks end there too. A page subscribes right after its
+# history answer, so the messages it may have applied meanwhile are the latest few.
+SENT_KEPT = 64
 
 
 class Position(NamedTuple):
@@ -114,7 +121,7 @@ def parse_cursor(raw: Any) -> Position | None:
 class RunStream:
     """One client's stream of one run: where it is, and how it follows the run."""
 
-    __slots__ = ("_checked", "catch_up_token", "gen", "mode", "offset")
+    __slots__ = ("_checked", "_sent", "catch_up_token", "gen", "mode", "offset")
 
     def __init__(self, gen: str | None, offset: int, mode: Mode = Mode.LIVE) -> None:
         self.gen = gen
@@ -122,6 +129,7 @@ class RunStream:
         self.mode = mode
         self.catch_up_token = 0  # identifies the newest catch-up: an older one's steps are DONE
         self._checked: Position | None = None  # a position known to be on a line boundary
+        self._sent: array | None = None  # where messages of this generation ended (none sent: None)
 
     @property
     def position(self) -> Position:
@@ -131,8 +139,21 @@ class RunStream:
         return f"RunStream({self.gen!r}, {self.offset}, {self.mode.name})"
 
     def _move(self, to: Position, mode: Mode) -> None:
+        if to.gen != self.gen:
+            self._sent = None
         self.gen, self.offset = to
         self.mode = mode
+
+    def _send(self, end: int) -> Action:
+        """The records up to ``end`` are sent: ``SEND``, noting where they end."""
+        self.offset = end
+        sent = self._sent
+        if sent is None:
+            sent = self._sent = array("q")
+        elif len(sent) >= SENT_KEPT:
+            del sent[:SENT_KEPT // 2]  # (the older half: one deletion per SENT_KEPT // 2 messages)
+        sent.append(end)
+        return Action.SEND
 
     def _start_catch_up(self) -> Action:
         if self.mode is Mode.CATCH_UP:
@@ -150,16 +171,17 @@ class RunStream:
             return Action.NONE
         if self.position != (gen, prev):  # should not happen: recover from the file
             return self._start_catch_up()
-        self.offset = cursor
         if indexing or self.mode is Mode.HELD:
             # Streaming a backlog of a 10M-line file to every open page would cost far more than
             # the one history fetch that the `lagged` at its end asks for.
+            self.offset = cursor
             self.mode = Mode.HELD
             return Action.NONE
-        return Action.SEND
+        return self._send(cursor)
 
     def on_reset(self, gen: str | None) -> Reset:
         """The file was truncated or replaced (new generation ``gen``): the stream restarts at 0."""
+        self._sent = None  # (a truncated file may keep its generation: its offsets are new)
         self._move(Position(gen, 0), Mode.LIVE)
         return Reset(self.position)
 
@@ -181,6 +203,8 @@ class RunStream:
         if cursor.gen != run.gen:
             self._move(run, Mode.LIVE)
             return Reset(run)
+        if cursor.gen != self.gen:
+            self._sent = None
         self.gen, self.offset = cursor
         if self.mode is Mode.HELD:
             self.mode = Mode.LIVE  # the stream restarts here: nothing is held back any more
@@ -202,7 +226,11 @@ class RunStream:
             return Step.DONE
         if self.offset > run.offset:  # the server (re)starting has not read that far yet
             return Step.WAIT
-        return Read(self.gen, self.offset, min(run.offset, self.offset + CATCH_UP_CHUNK))
+        end = min(run.offset, self.offset + CATCH_UP_CHUNK)
+        # (a client that applied the messages sent before its subscribe took effect is at one of
+        # their ends: a chunk that passed over it would never be followed)
+        end = min((e for e in self._sent or () if self.offset < e < end), default=end)
+        return Read(self.gen, self.offset, end)
 
     def on_checked(self, check: Check, on_boundary: bool, run: Position) -> Reset | None:
         """The answer to a :class:`Check`: a position inside a line cannot be continued from."""
@@ -222,5 +250,4 @@ class RunStream:
         if end <= read.start:  # nothing to read (the file shrank): stop, a reset follows
             self.mode = Mode.LIVE
             return Action.NONE
-        self.offset = end
-        return Action.SEND
+        return self._send(end)
