@@ -18,6 +18,7 @@ from server_helpers import line_pairs
 
 from gradmon.logformat.alarms import AlarmConfig
 from gradmon.logformat.schema import MARK_FLAGS
+from gradmon.server import native
 from gradmon.server.alarmrule import BatchAlarmRule
 from gradmon.server.parse import KeyColumns, parse_lines
 from gradmon.server.pyramid import column_summary, finite_summary
@@ -193,31 +194,47 @@ def _run(rng: random.Random, n: int, drift: float) -> list[dict]:
     return recs
 
 
-def test_the_whole_chunk_screen_gives_the_rule_s_events_and_covers_most_records():
+@pytest.mark.parametrize("scanned", [False, True])
+def test_the_whole_chunk_screen_gives_the_rule_s_events_and_covers_most_records(scanned):
+    # scanned: the batches as the server parses them, whose loss and norm columns the compiled
+    # scanner took as float64s (the screen's chunk maxima then come from those in one C call)
+    if scanned and native.scanner() is None:
+        pytest.skip(f"no compiled scanner here: {native.unavailable_reason()}")
     rng = random.Random(3)
     for config, drift in [(AlarmConfig(), 0.0), (AlarmConfig(), -1e-4), (AlarmConfig(), 1e-4),
                           (AlarmConfig(window=21, min_history=4, quiet_steps=5, loss_over_max=2.0), 0.0)]:
         recs = _run(rng, 6000, drift)
+        if scanned:  # (a loss that is an int sometimes: the float64 column holds it as float())
+            for r in recs[::97]:
+                r["loss"] = round(r["loss"])
         plain = BatchAlarmRule(config)
         want = [(i, e) for i, r in enumerate(recs) for e in plain.update(r)]
         want += [(len(recs), e) for e in plain.finish()]
-        rule, covered = BatchAlarmRule(config), [0]
+        rule, covered, from_floats = BatchAlarmRule(config), [0], [0]
         screen = rule._quiet_chunks
 
-        def counted(losses, norms, lo, hi, screen=screen, covered=covered):
-            end = screen(losses, norms, lo, hi)
+        def counted(losses, norms, lo, hi, floats=None, screen=screen, covered=covered,
+                    from_floats=from_floats):
+            end = screen(losses, norms, lo, hi, floats)
             covered[0] += end - lo
+            from_floats[0] += floats is not None and None not in floats
             return end
 
         rule._quiet_chunks = counted  # type: ignore[method-assign]
         got, i = [], 0
         while i < len(recs):
             j = min(len(recs), i + rng.choice([317, 320, 1000]))  # (the server's 64 KB batches: ~320)
-            got += [(i + k, e) for k, e in rule.update_steps(recs[i:j])]
+            if scanned:
+                parsed = parse_lines(line_pairs([json.dumps(r).encode() for r in recs[i:j]]), 0)
+                assert parsed.columns.floats("loss") is not None
+                got += [(i + k, e) for k, e in rule.update_steps(parsed.records, parsed.columns)]
+            else:
+                got += [(i + k, e) for k, e in rule.update_steps(recs[i:j])]
             i = j
         got += [(len(recs), e) for e in rule.finish()]
         assert want and json.dumps(got) == json.dumps(want)
         assert covered[0] > 0.6 * len(recs), (config, drift, covered[0])
+        assert (from_floats[0] > 0) == scanned
 
 
 def _ramps(seed: int) -> list[dict]:

@@ -38,8 +38,10 @@ def test_the_scanner_is_built_and_used_where_a_compiler_is():
     assert native.scanner().MISSING_BITS == MISSING_BITS
 
 
+# (prefixes of one another too: a key is first compared with the one at its place in the step
+# record before, whose bytes may begin the line's key without being all of it)
 _KEYS = ["type", "step", "loss", "grad_norm", "lr", "spike", "note", "xNaN", "Infinity", "a b", "é",
-         "k\\u0041", "ts", "epoch"]
+         "k\\u0041", "ts", "epoch", "loss_scale", "grad", "lr2"]
 _STRINGS = ["step", "event", "eval", "", "a", "NaN", "-Infinity", "Infinity", "xNaN", "é", "tab\there",
             "\x7f", "quote\"d", "back\\slash", "true", "}", "{", ",", ":", "step "]
 
@@ -557,6 +559,65 @@ def test_the_compiled_median_is_the_median_of_sorted(values, as_deque):
         assert repr(got) == repr(want)
     assert native.scanner().median([*values, math.nan]) is None
     assert native.scanner().median([*values, 1]) is None
+
+
+@needs_scanner
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([-0.0, 0.0, 1.0, -1.0, 2.5]) | st.floats(-1e300, 1e300), max_size=60),
+       st.integers(0, 60), st.integers(0, 60), st.integers(1, 9))
+def test_chunk_maxima_are_max_of_each_chunk(values, a, b, chunk):
+    # The alarm rule's quiet-chunk screen: max() of each chunk of rows [lo, hi), the first of equal
+    # values (-0.0 and 0.0 told apart by repr), the last chunk cut at hi; rows outside refused.
+    raw = array("d", values).tobytes()
+    lo, hi = sorted((a, b))
+    if hi > len(values):
+        with pytest.raises(ValueError):
+            native.scanner().chunk_maxima(raw, lo, hi, chunk)
+        return
+    want = [max(values[i:min(hi, i + chunk)]) for i in range(lo, hi, chunk)]
+    assert repr(native.scanner().chunk_maxima(raw, lo, hi, chunk)) == repr(want)
+    assert repr(native.scanner().chunk_maxima(memoryview(raw)[8 * lo:], 0, hi - lo, chunk)) == repr(want)
+    with pytest.raises(ValueError):
+        native.scanner().chunk_maxima(raw, lo, hi, 0)
+
+
+@needs_scanner
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-3, 3) | st.sampled_from([2**53, -(2**53), 2**53 - 1]), max_size=40),
+       st.integers(0, 40), st.integers(0, 40))
+def test_a_scanned_batch_s_steps_increase_as_the_ints_do(steps, a, b):
+    # KeyColumns.increasing reads the scanner's float64 step column (ints up to 2^53, exact), the
+    # whole batch's and a part's; the definition compares the ints.
+    steps = steps or [5]
+    lines = [encode_record({"type": "step", "step": s, "loss": 1.0}).strip().encode() for s in steps]
+    parsed = parse_lines(_pairs(lines), 0)
+    cols = parsed.columns
+    assert len(parsed.records) == len(steps) and cols.floats("step") is not None
+    assert cols.increasing() == all(x < y for x, y in zip(steps, steps[1:]))
+    lo, hi = sorted((min(a, len(steps)), min(b, len(steps))))
+    part = steps[lo:hi]
+    assert cols.sliced(lo, hi).increasing() == all(x < y for x, y in zip(part, part[1:]))
+
+
+@needs_scanner
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(-(2**63), 2**63 - 1),
+                          st.floats(allow_nan=True) | st.sampled_from([-0.0, math.inf])), max_size=30),
+       st.booleans())
+def test_rows_of_columns_are_the_level_files_records(rows, short):
+    # LevelFile.append's records (levelfiles.FIELD: a count from an 'I' column, steps and values)
+    # from a level's columns in one call: the bytes struct gives, NaN bits and -0.0 included.
+    from gradmon.server.levelfiles import FIELD
+
+    steps, values = array("q", [r[1] for r in rows]), array("d", [r[2] for r in rows])
+    cols = [array("I", [r[0] for r in rows]), *[steps, values] * 4]
+    want = b"".join(map(FIELD.pack, *cols))
+    assert native.scanner().rows_of_columns(cols, tuple(c.itemsize for c in cols), len(rows)) == want
+    if short and rows:
+        with pytest.raises(ValueError):
+            native.scanner().rows_of_columns(cols, tuple(c.itemsize for c in cols), len(rows) + 1)
+        with pytest.raises(ValueError):
+            native.scanner().rows_of_columns(cols, (2,) * len(cols), len(rows))
 
 
 _OTHER_VALUES = ["1", "-2", "1.5", "1e3", '"x"', "true", "null", '""', "9007199254740993"]

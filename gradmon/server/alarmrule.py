@@ -193,10 +193,12 @@ class BatchAlarmRule(AlarmRule):
         # (None in a column of floats is found by its types: ``in`` compares every float with None)
         sparse = (_NONE in loss_types, _NONE in norm_types)
         odd = {*odd_losses, *odd_norms, *(_flag_without_norm(columns, norms) if sparse[1] else ())}
+        # (the compiled scanner's float64 columns: the quiet-chunk screen's maxima in one C call)
+        floats = (columns.floats("loss"), columns.floats("grad_norm")) if not any(sparse) else None
         lo = 0
         for i in [*sorted(odd), len(records)]:
             if i > lo:
-                self._plain(records, steps, cols, lo, i, out, sparse)
+                self._plain(records, steps, cols, lo, i, out, sparse, floats)
             if i < len(records):
                 self._one_by_one(records, i, i + 1, out)
             lo = i + 1
@@ -208,16 +210,18 @@ class BatchAlarmRule(AlarmRule):
             out.extend((i, e) for e in self.update(record))
 
     def _plain(self, records: Sequence[dict[str, Any]], steps: list[int], columns: _Columns, lo: int, hi: int,
-               out: list[tuple[int, dict[str, Any]]], sparse: tuple[bool, bool] | None = None) -> None:
+               out: list[tuple[int, dict[str, Any]]], sparse: tuple[bool, bool] | None = None,
+               floats: _Floats | None = None) -> None:
         """Records ``[lo, hi)``: increasing steps, every loss and norm a finite number or absent
-        (``sparse``: whether some loss, some norm may be absent; ``None``: look).
+        (``sparse``: whether some loss, some norm may be absent; ``None``: look; ``floats``: the
+        loss and norm columns as float64s, when the compiled scanner took them).
         Chunk by chunk: learn up to the first candidate in bulk, judge that one by the parent."""
         losses, norms, scales = columns
         sparse_loss, sparse_norm = (None in losses, None in norms) if sparse is None else sparse
         config = self.config
         while lo < hi:
             if not (sparse_loss or sparse_norm):
-                quiet = self._quiet_chunks(losses, norms, lo, hi)
+                quiet = self._quiet_chunks(losses, norms, lo, hi, floats)
                 if quiet > lo:  # whole chunks proven quiet: learnt in one go
                     self._learn_quiet(steps, (None, losses[lo:quiet]), (None, norms[lo:quiet]), scales,
                                       lo, quiet, out)
@@ -239,13 +243,15 @@ class BatchAlarmRule(AlarmRule):
                 self._one_by_one(records, lo, lo + 1, out)
                 lo += 1
 
-    def _quiet_chunks(self, losses: list[float], norms: list[float], lo: int, hi: int) -> int:
+    def _quiet_chunks(self, losses: list[float], norms: list[float], lo: int, hi: int,
+                      floats: _Floats | None = None) -> int:
         """The end of the chunks from ``lo`` (of ``self.chunk`` records, the last one up to ``hi``)
         that the screen of :meth:`_first_candidate` proves quiet one after the other, every record
         having a loss and a norm: for each, only the largest loss and norm are compared (one C call
-        each). The first chunk's floors are the baselines' (``lower_envelope``); a later one's are
-        the chunk before's largest values: those are among the newest ``window - chunk`` values
-        when it is judged (``chunk <= window - chunk``), none flagged."""
+        each, or one for all the chunks from ``floats``: the columns as float64s). The first
+        chunk's floors are the baselines' (``lower_envelope``); a later one's are the chunk
+        before's largest values: those are among the newest ``window - chunk`` values when it is
+        judged (``chunk <= window - chunk``), none flagged."""
         config = self.config
         norm_window, loss_window = self.norm_window, self.loss_window
         if len(norm_window) < config.min_history or len(loss_window) < config.min_history:
@@ -254,13 +260,17 @@ class BatchAlarmRule(AlarmRule):
         factor, over = config.norm_over_max, config.loss_over_max
         norm_floor = norm_window.lower_envelope(config.window - chunk)
         loss_floor = loss_window.lower_envelope(config.window - chunk)
+        native = _native_scanner() if floats is not None and None not in floats else None
+        if native is not None:  # (each chunk's largest norm and loss, as max() of its values)
+            norm_tops = iter(native.chunk_maxima(floats[1], lo, hi, chunk))  # type: ignore[index]
+            loss_tops = iter(native.chunk_maxima(floats[0], lo, hi, chunk))  # type: ignore[index]
         end = lo
         while end < hi:
             stop = min(hi, end + chunk)
-            top_norm = max(norms[end:stop])
+            top_norm = next(norm_tops) if native is not None else max(norms[end:stop])
             if top_norm > factor * norm_floor:
                 break
-            top_loss = max(losses[end:stop])
+            top_loss = next(loss_tops) if native is not None else max(losses[end:stop])
             if top_loss > loss_floor:
                 # (a flagged loss is also above over * E - (over - 1) * m: the median's ceiling,
                 # with the window as it is once the chunks before are learnt)
@@ -358,6 +368,8 @@ class BatchAlarmRule(AlarmRule):
                 self._proven_scale = scale
 
 
+# A batch's loss and norm columns as float64s (``parse.KeyColumns.floats``; ``None``: not taken).
+_Floats = tuple[Optional[Any], Optional[Any]]
 # A batch's loss, norm and loss-scale columns (the scales ``None`` when no record has one).
 _Columns = tuple[list[Any], list[Any], Optional[list[Any]]]
 # A chunk's values of one judged series and the positions (in the chunk) of the records that have

@@ -192,6 +192,16 @@ def _self_test(module: ModuleType) -> None:
               struct.pack("<d", 3), struct.pack("<q", 7), struct.pack("<d", -1), struct.pack("<q", 8),
               struct.pack("<d", 3)]]):
         raise NativeBuildError(f"the compiled bucket columns' self-test failed: {got!r} {merged!r}")
+    # Chunk maxima (the first of equal values: -0.0 before 0.0), and a strict increase.
+    got = (module.chunk_maxima(struct.pack("<6d", 9, 1, 2, -0.0, 0.0, 5), 1, 5, 2),
+           [module.increasing(struct.pack(f"<{len(v)}d", *v)) for v in ([1, 2, 5], [1, 1], [nan, 2], [])])
+    if repr(got) != repr(([2.0, -0.0], [True, False, False, True])):
+        raise NativeBuildError(f"the compiled chunk maxima's self-test failed: {got!r}")
+    # Two rows of a level file's record (an 'I' count widened, an int64, a double; native order).
+    got = module.rows_of_columns([struct.pack("=2I", 3, 2**32 - 1), struct.pack("=2q", -5, 7),
+                                  struct.pack("=2d", -0.0, 2.5)], (4, 8, 8), 2)
+    if got != struct.pack("=qqdqqd", 3, -5, -0.0, 2**32 - 1, 7, 2.5):
+        raise NativeBuildError(f"the compiled row packing's self-test failed: {got!r}")
     # Where a slice's step records fill buckets of 2, one record already in the open one.
     step, other = b'{"type":"step","step":1}', b'{"type":"system"}'
     got = module.bucket_cut(list(enumerate([step, other, step, step, other, step, None])), 1, 2)

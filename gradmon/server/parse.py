@@ -59,6 +59,7 @@ _NONE = type(None)
 # The compiled scanner's type bits (csrc/scanlines.c) -> the set of types they stand for.
 _TYPE_BITS = ((1, int), (2, float), (4, str), (8, bool), (16, _NONE))
 _BOOL_BIT = 8
+_INT = frozenset({int})
 _MASK_TYPES = [frozenset(t for bit, t in _TYPE_BITS if mask & bit) for mask in range(32)]
 _MARK_FLAG_KEYS = tuple(flag for flag, _kind in MARK_FLAGS)
 
@@ -193,8 +194,13 @@ class KeyColumns:
     def increasing(self) -> bool:
         """Whether the records' ``step`` values increase strictly (each record has an int ``step``)."""
         if self._increasing is None:
-            steps = self.values("step")
-            self._increasing = all(map(lt, steps, islice(steps, 1, None)))
+            floats = self.floats("step")
+            native = _native_scanner() if floats is not None and self.types("step") == _INT else None
+            if native is not None:  # (the scanner's step column: ints up to 2^53, each exact)
+                self._increasing = native.increasing(floats)
+            else:
+                steps = self.values("step")
+                self._increasing = all(map(lt, steps, islice(steps, 1, None)))
         return self._increasing
 
     def values(self, key: str) -> list[Any]:

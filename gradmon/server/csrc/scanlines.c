@@ -29,6 +29,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 enum { T_INT = 1, T_FLOAT = 2, T_STR = 4, T_BOOL = 8, T_NONE = 16 };
@@ -92,9 +93,23 @@ static Py_ssize_t plain_string(const unsigned char *p, const unsigned char *end)
     return -1;
 }
 
-static Entry *find_key(Table *t, const char *name, Py_ssize_t len, Py_ssize_t hint) {
-    if (hint >= 0 && hint < t->n && t->entries[hint].len == len && memcmp(t->entries[hint].name, name, len) == 0)
-        return &t->entries[hint];
+/* Whether n bytes at a and b are the same: memcmp for the short spans of one line (keys and
+ * value tokens, a few words), inlined 8 bytes at a time rather than a call per span. */
+static inline int same_bytes(const unsigned char *a, const unsigned char *b, Py_ssize_t n) {
+    for (; n >= 8; a += 8, b += 8, n -= 8) {
+        unsigned long long x, y;
+        memcpy(&x, a, 8);
+        memcpy(&y, b, 8);
+        if (x != y)
+            return 0;
+    }
+    for (; n > 0; a++, b++, n--)
+        if (*a != *b)
+            return 0;
+    return 1;
+}
+
+static Entry *find_key(Table *t, const char *name, Py_ssize_t len) {
     for (Py_ssize_t k = 0; k < t->n; k++) {
         Entry *e = &t->entries[k];
         if (e->len == len && memcmp(e->name, name, len) == 0)
@@ -262,13 +277,17 @@ static int scan_line(Table *t, const unsigned char *p, const unsigned char *end,
         if (p >= end || *p != '"' || *nf >= MAX_FIELDS)
             return 0;
         p++;
-        Py_ssize_t klen = plain_string(p, end);
-        if (klen < 0)
-            return 0;
-        Py_ssize_t hint = *nf < norder && order[*nf] != NULL ? order[*nf] - t->entries : -1;
-        Entry *e = find_key(t, (const char *)p, klen, hint);
-        if (e == NULL)
-            return PyErr_Occurred() ? -1 : 0;
+        /* The key the step record before had here, when these bytes spell it and its closing
+         * quote: the same plain key, found without a look at the table. */
+        Entry *e = *nf < norder ? order[*nf] : NULL;
+        Py_ssize_t klen = e != NULL ? e->len : -1;
+        if (e == NULL || end - p <= klen || p[klen] != '"' || !same_bytes(p, (const unsigned char *)e->name, klen)) {
+            if ((klen = plain_string(p, end)) < 0)
+                return 0;
+            e = find_key(t, (const char *)p, klen);
+            if (e == NULL)
+                return PyErr_Occurred() ? -1 : 0;
+        }
         if (e->seen == line)
             return 0;  /* a repeated key */
         e->seen = line;
@@ -288,7 +307,7 @@ static int scan_line(Table *t, const unsigned char *p, const unsigned char *end,
         const unsigned char *tok = p;
         unsigned char c = *p;
         Py_ssize_t last = e->last_len;
-        if (e->last_tok != NULL && end - p > last && ENDS_VALUE(p[last]) && memcmp(p, e->last_tok, last) == 0) {
+        if (e->last_tok != NULL && end - p > last && ENDS_VALUE(p[last]) && same_bytes(p, e->last_tok, last)) {
             v = e->last_val;  /* (the token ends where the last one did: the same JSON value) */
             Py_INCREF(v);
             kind = e->last_kind;
@@ -505,15 +524,16 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
                     goto fail_line;
                 }
             }
-            backfill(e, rows);
+            if (e->filled < rows)
+                backfill(e, rows);
             PyList_SET_ITEM(e->column, rows, vals[k]);  /* (steals the line's reference) */
+            e->last_val = vals[k];
             vals[k] = NULL;
             e->floats[rows] = nums[k];
             e->filled = rows + 1;
             e->mask |= kinds[k];
             e->last_tok = toks[k];
             e->last_len = tlens[k];
-            e->last_val = PyList_GET_ITEM(e->column, rows);
             e->last_num = nums[k];
             e->last_kind = kinds[k];
             order[k] = e;
@@ -1259,6 +1279,112 @@ static PyObject *median(PyObject *self, PyObject *arg) {
     return PyFloat_FromDouble(m);
 }
 
+/* chunk_maxima(floats, lo, hi, chunk): the largest of rows [lo, hi) of a buffer of float64s, per
+ * chunk of `chunk` rows from lo (the last one up to hi), as max() of each chunk's values gives it
+ * (the first of equal ones: -0.0 before 0.0 stays -0.0). The alarm rule's quiet-chunk screen
+ * (alarmrule.py) reads them, for rows that hold finite numbers. */
+static PyObject *chunk_maxima(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer buf;
+    Py_ssize_t lo, hi, chunk;
+    if (!PyArg_ParseTuple(args, "y*nnn", &buf, &lo, &hi, &chunk))
+        return NULL;
+    if (lo < 0 || hi < lo || chunk < 1 || hi > buf.len / (Py_ssize_t)sizeof(double)) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "chunk_maxima: rows out of the buffer, or a chunk < 1");
+        return NULL;
+    }
+    const double *v = (const double *)buf.buf;
+    PyObject *out = PyList_New((hi - lo + chunk - 1) / chunk);
+    for (Py_ssize_t a = lo, k = 0; out != NULL && a < hi; a += chunk, k++) {
+        Py_ssize_t b = hi - a < chunk ? hi : a + chunk;
+        double top = v[a];
+        for (Py_ssize_t i = a + 1; i < b; i++)
+            if (v[i] > top)
+                top = v[i];
+        PyObject *f = PyFloat_FromDouble(top);
+        if (f == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, k, f);
+    }
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+/* increasing(floats): whether a buffer of float64s increases strictly (False at a NaN).
+ * parse.KeyColumns.increasing reads the scanner's step column with it (integers up to 2^53: each
+ * exact, so compared as the ints are). */
+static PyObject *increasing(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer buf;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const double *v = (const double *)buf.buf;
+    Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(double), i = 1;
+    while (i < n && v[i - 1] < v[i])
+        i++;
+    PyBuffer_Release(&buf);
+    return PyBool_FromLong(i >= n);
+}
+
+/* rows_of_columns(columns, sizes, rows): rows [0, rows) of columns (buffers of 4-byte unsigned or
+ * 8-byte items, sizes[i] each) interleaved into rows of 8-byte items, a 4-byte one widened: on a
+ * little-endian machine, the bytes struct.pack("<qq...") of each row gives for ints and doubles
+ * (levelfiles.LevelFile.append's rows, written at every flush of a pyramid level). */
+static PyObject *rows_of_columns(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *columns, *sizes;
+    Py_ssize_t rows;
+    if (!PyArg_ParseTuple(args, "O!O!n", &PyList_Type, &columns, &PyTuple_Type, &sizes, &rows))
+        return NULL;
+    Py_ssize_t k = PyList_GET_SIZE(columns);
+    if (rows < 0 || k == 0 || k > 16 || PyTuple_GET_SIZE(sizes) != k) {
+        PyErr_SetString(PyExc_ValueError, "rows_of_columns: 1 to 16 columns, a size each, rows >= 0");
+        return NULL;
+    }
+    Py_buffer views[16];
+    int width[16];
+    Py_ssize_t got = 0;
+    PyObject *out = NULL;
+    for (; got < k; got++) {
+        width[got] = (int)PyLong_AsLong(PyTuple_GET_ITEM(sizes, got));
+        if (width[got] != 4 && width[got] != 8) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "rows_of_columns: an item size is 4 or 8");
+            goto done;
+        }
+        if (PyObject_GetBuffer(PyList_GET_ITEM(columns, got), &views[got], PyBUF_SIMPLE) < 0)
+            goto done;
+        if (views[got].len < rows * width[got]) {
+            got++;
+            PyErr_SetString(PyExc_ValueError, "rows_of_columns: a column is shorter than the rows");
+            goto done;
+        }
+    }
+    out = PyBytes_FromStringAndSize(NULL, rows * k * 8);
+    if (out == NULL)
+        goto done;
+    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        for (Py_ssize_t c = 0; c < k; c++, dst += 8) {
+            const unsigned char *src = (const unsigned char *)views[c].buf;
+            if (width[c] == 8) {
+                memcpy(dst, src + r * 8, 8);
+            } else {
+                uint32_t v32;
+                memcpy(&v32, src + r * 4, 4);
+                uint64_t v = v32;
+                memcpy(dst, &v, 8);
+            }
+        }
+    }
+done:
+    for (Py_ssize_t c = 0; c < got; c++)
+        PyBuffer_Release(&views[c]);
+    return out;
+}
+
 /* Whether a line is a step record as gradmon's writer writes it ({"type":"step" first). */
 static int step_line(PyObject *line) {
     static const char prefix[] = "{\"type\":\"step\"";
@@ -1373,6 +1499,11 @@ static PyMethodDef methods[] = {
     {"bucket_cut", bucket_cut, METH_VARARGS,
      "bucket_cut(lines, open_records, bucket) -> how many lines fill the open bucket and whole buckets"},
     {"median", median, METH_O, "median(values) -> the median of floats as sorted() gives it, or None"},
+    {"chunk_maxima", chunk_maxima, METH_VARARGS,
+     "chunk_maxima(floats, lo, hi, chunk) -> [the largest float64 of each chunk of rows [lo, hi)]"},
+    {"increasing", increasing, METH_O, "increasing(floats) -> whether the float64s increase strictly"},
+    {"rows_of_columns", rows_of_columns, METH_VARARGS,
+     "rows_of_columns(columns, sizes, rows) -> the rows of 8-byte items (4-byte ones widened), as bytes"},
     {"split_lines", split_lines, METH_VARARGS,
      "split_lines(data, start, base, max_line) -> ([(end, line)], position after the last newline) or None"},
     {"scan_records", scan_records, METH_O, "scan_records(texts) -> [the dict of each line it decides, else None]"},
