@@ -7,6 +7,8 @@ import math
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gradmon.logformat.jsonl import encode_record
 from gradmon.logformat.lines import LineSplitter
@@ -263,3 +265,24 @@ def test_a_backlog_read_in_slices_gives_every_line_once_and_frees_its_buffer(tmp
         f.write(_step(400))
     assert [line for _end, line in t.poll(1000).lines] == [_step(400).rstrip("\n").encode()]
     assert t._read_buf is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=90).map(lambda b: b.replace(b"\n", b"")) | st.sampled_from([b"", b"x\r"]),
+                min_size=1, max_size=60),
+       st.integers(16, 200))
+def test_slices_read_into_one_reused_buffer_give_the_file_s_lines(tmp_path_factory, lines, slice_bytes):
+    # A whole slice is split straight from the tailer's read buffer, which the next poll reads
+    # into again: every line handed out is bytes of its own (a partial line at a slice's end, a
+    # CR, an empty line, a line over max_line included), the same as the file read in one go.
+    p = tmp_path_factory.mktemp("reuse") / "metrics.jsonl"
+    p.write_bytes(b"".join(line + b"\n" for line in lines))
+    t = FileTailer(str(p), max_line=64)
+    got = []
+    for _ in range(10_000):
+        res = t.poll(slice_bytes)
+        got.extend(res.lines)
+        if not res.more and not res.waiting:
+            break
+    assert all(line is None or type(line) is bytes for _end, line in got)
+    assert got == read_lines(str(p), 0, p.stat().st_size, max_line=64)

@@ -50,7 +50,9 @@ class LineSplitter:
         """Bytes of the partial line fed so far (including skipped bytes of an oversize line)."""
         return self.fed - self.line_start
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes | None]]:
+    def feed(self, data: bytes | bytearray) -> list[tuple[int, bytes | None]]:
+        """The lines ``data`` completes (a ``bytearray`` is read here only: the lines are bytes
+        of their own, so its owner may reuse it once this returns)."""
         out: list[tuple[int, bytes | None]] = []
         if not data:
             return out
@@ -61,13 +63,15 @@ class LineSplitter:
             nl = data.find(b"\n")
             got = self._split_lines(data, nl + 1, base, max_line) if nl >= 0 else None
             if got is not None:  # (else a line too long after the first: the loop below says which)
-                self._finish_line(data[:nl], base + nl + 1, out)
+                self._finish_line(bytes(data[:nl]), base + nl + 1, out)
                 lines, last = got
                 out += lines
                 if lines:
                     self.line_start = lines[-1][0]
                 self._keep(data[last:])
                 return out
+        if type(data) is not bytes:
+            data = bytes(data)  # (the lines below are its parts: bytes, not views of a reused buffer)
         parts = data.split(b"\n")  # one C call for the whole block; the last part is unfinished
         rest = parts.pop()
         if parts:

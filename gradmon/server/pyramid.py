@@ -254,12 +254,11 @@ class Level:
         """Append a block's summaries (each of whose fields is one of this level's: as
         :meth:`append` of each, with no new field)."""
         k = len(block)
-        for col, got in zip((self._lo, self._hi, self._n, self._offset), block.base):
-            col.frombytes(got)
+        frombytes = array.frombytes  # (each column's bytes onto its array, the loop in C: map, any)
+        any(map(frombytes, (self._lo, self._hi, self._n, self._offset), block.base))
         for name, cols in self.fields.items():
             got = block.fields.get(name)
-            for c, b in zip(cols, got) if got is not None else ((c, bytes(c.itemsize * k)) for c in cols):
-                c.frombytes(b)
+            any(map(frombytes, cols, got if got is not None else [bytes(c.itemsize * k) for c in cols]))
         self.size += k
 
     def merge_tail(self, first: int, groups: int, fanout: int) -> Block:

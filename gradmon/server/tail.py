@@ -187,10 +187,11 @@ class FileTailer:
         finally:
             os.close(fd)
 
-    def _read(self, fd: int, n: int, pos: int, result: TailResult) -> tuple[bytes, bool]:
+    def _read(self, fd: int, n: int, pos: int, result: TailResult) -> tuple[bytes | bytearray, bool]:
         """Up to ``n`` bytes at ``pos``: the cached ones only, when the system can say (``True``
         with them: maybe fewer than there are; none, ``result.waiting``, when none is cached),
-        else (or after ``NOWAIT_POLLS`` such polls) a plain read (``False``)."""
+        else (or after ``NOWAIT_POLLS`` such polls) a plain read (``False``). A whole read buffer
+        comes as that buffer (no copy), valid until the next read."""
         if self._nowait:
             if self._read_buf is None or len(self._read_buf) < n:
                 self._read_buf = bytearray(n)
@@ -204,6 +205,8 @@ class FileTailer:
                 return os.pread(fd, n, pos), False
             if got or self._waits >= NOWAIT_POLLS:
                 self._waits = 0
+                if got == len(self._read_buf):  # (the common read of a backlog: a whole slice)
+                    return self._read_buf, True  # (LineSplitter.feed copies what it keeps)
                 if got:
                     return bytes(buf[:got]), True
             else:
