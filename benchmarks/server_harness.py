@@ -134,17 +134,21 @@ def run_log_writer(path: str) -> Any:
 
 
 def start_clients(
-    ws_url: str, clients: int, until: float, ready: str, stop: str, out: str, idle: bool = False
+    ws_url: str, clients: int, until: float, ready: str, stop: str, out: str, idle: bool = False,
+    samples: bool = False,
 ) -> subprocess.Popen:
     """Start ``clients`` real websockets clients in a child process (see :mod:`benchmarks.ws_clients`)."""
     cmd = [sys.executable, "-m", "benchmarks.ws_clients", "--url", ws_url, "--clients", str(clients),
            "--until", str(until), "--ready", ready, "--stop", stop, "--out", out]
-    return subprocess.Popen(cmd + (["--idle"] if idle else []))
+    return subprocess.Popen(cmd + (["--idle"] if idle else []) + (["--samples"] if samples else []))
 
 
 def latency_case(
-    srv: dict[str, Any], writer: Any, first_step: int, clients: int, rate: int, duration: float, tmp: str
+    srv: dict[str, Any], writer: Any, first_step: int, clients: int, rate: int, duration: float, tmp: str,
+    samples: bool = False,
 ) -> tuple[dict[str, Any], int]:
+    """``rate`` records/s for ``duration`` s, measured by ``clients`` clients; ``samples``: the result
+    also holds each record's ``[bench_wts, latency]`` (``ws_clients --samples``)."""
     import psutil
 
     ready = os.path.join(tmp, f"ready-{clients}-{rate}")
@@ -152,7 +156,7 @@ def latency_case(
     out = os.path.join(tmp, f"clients-{clients}-{rate}.json")
     connect_budget = 10.0 + 0.2 * clients
     until = time.time() + connect_budget + duration + 10.0
-    child = start_clients(srv["ws"], clients, until, ready, stop, out)
+    child = start_clients(srv["ws"], clients, until, ready, stop, out, samples=samples)
     result: dict[str, Any] = {"clients": clients, "rate": rate, "duration_s": duration}
     step = first_step
     try:

@@ -64,6 +64,7 @@ async def _client(
     until: float,
     stop_file: str | None,
     idle: bool = False,
+    stamps: list[float] | None = None,
 ) -> None:
     import websockets
 
@@ -92,17 +93,23 @@ async def _client(
                     wts = rec.get("bench_wts") if isinstance(rec, dict) else None
                     if isinstance(wts, (int, float)):
                         latencies.append(now - wts)
+                        if stamps is not None:
+                            stamps.append(wts)
 
 
 async def run_clients(
-    url: str, n: int, until: float, ready_file: str | None, stop_file: str | None = None, idle: bool = False
+    url: str, n: int, until: float, ready_file: str | None, stop_file: str | None = None, idle: bool = False,
+    samples: bool = False,
 ) -> dict[str, Any]:
+    """``samples``: the result also holds ``samples``, each record's ``[bench_wts, latency]``."""
     latencies: list[float] = []
+    stamps: list[float] | None = [] if samples else None
     counts: dict[str, int] = {}
     hellos = [asyncio.Event() for _ in range(n)]
     tasks = []
     for i in range(n):
-        tasks.append(asyncio.create_task(_client(url, hellos[i], latencies, counts, until, stop_file, idle)))
+        client = _client(url, hellos[i], latencies, counts, until, stop_file, idle, stamps)
+        tasks.append(asyncio.create_task(client))
         if i % 50 == 49:  # connect in waves: a thousand handshakes at once only measure the backlog
             await asyncio.sleep(0.05)
     errors: list[str] = []
@@ -121,6 +128,8 @@ async def run_clients(
     out: dict[str, Any] = {"clients": n, "messages": counts, "received": len(latencies), "errors": errors[:5]}
     if latencies:
         out.update(latency_summary(latencies))
+    if stamps is not None:
+        out["samples"] = [[w, v] for w, v in zip(stamps, latencies)]
     return out
 
 
@@ -133,8 +142,9 @@ def _main() -> int:
     p.add_argument("--stop", default=None, help="stop as soon as this file exists")
     p.add_argument("--out", required=True)
     p.add_argument("--idle", action="store_true", help="read nothing after the hello")
+    p.add_argument("--samples", action="store_true", help="keep each record's [bench_wts, latency]")
     a = p.parse_args()
-    result = asyncio.run(run_clients(a.url, a.clients, a.until, a.ready, a.stop, a.idle))
+    result = asyncio.run(run_clients(a.url, a.clients, a.until, a.ready, a.stop, a.idle, a.samples))
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(result, f)
     return 0

@@ -199,7 +199,10 @@ def test_smoke_run_writes_every_section(tmp_path):
         stress = sections["server"]["stress"]
         for block in (stress["zoom"]["quiet"], stress["zoom"]["zooming"]):
             assert _finite_positive(block["p99_ms_median"]), stress["zoom"]
-        assert _finite_positive(stress["zoom"]["indexing"].get("p99_ms")), stress["zoom"]
+        indexing = stress["zoom"]["indexing"]  # (its figures over the records written while indexing)
+        assert _finite_positive(indexing.get("block_p99_ms")), stress["zoom"]
+        assert indexing["while_indexing"] + indexing["after_index"] == indexing["received"], indexing
+        assert (indexing["while_indexing"] > 0) == _finite_positive(indexing.get("p99_ms")), indexing
         assert stress["zoom"]["zoom_ms"]["n"] >= 1
         assert all(_finite_positive(stress["abuse"][f"rss_mb_{k}"]) for k in ("before", "peak", "after"))
         assert _finite_positive(stress["idle"]["healthy"].get("p99_ms")), stress["idle"]
