@@ -144,12 +144,68 @@ static const unsigned char *digits(const unsigned char *p, const unsigned char *
     return p;
 }
 
+/* The powers of ten a double holds exactly (Clinger's fast path). */
+static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* The common number token in one pass, -?(0|[1-9][0-9]*)(.[0-9]+)? with at most 15 significant
+ * digits (exact in a double), at most 22 after the point and no exponent: its end, with *value,
+ * *kind and *as_float as number() gives them (the same operations); NULL for any other token,
+ * which number() reads in full. */
+static const unsigned char *plain_number(const unsigned char *p, const unsigned char *end, PyObject **value,
+                                         int *kind, double *as_float) {
+    const unsigned char *s = p;
+    int neg = p < end && *p == '-';
+    unsigned long long m = 0;
+    int sig = 0, frac = 0;
+    p += neg;
+    if (p < end && *p == '0') {
+        p++;
+    } else {
+        for (; p < end && *p >= '0' && *p <= '9'; p++, sig++) {
+            if (sig == 15)
+                return NULL;
+            m = m * 10 + (unsigned long long)(*p - '0');
+        }
+        if (sig == 0)
+            return NULL;
+    }
+    if (p < end && *p == '.') {
+        p++;
+        if (p >= end || *p < '0' || *p > '9')
+            return NULL;
+        for (; p < end && *p >= '0' && *p <= '9'; p++) {
+            m = m * 10 + (unsigned long long)(*p - '0');
+            sig += m != 0;  /* (zeros before the first significant digit are not) */
+            if (sig > 15 || ++frac > 22)
+                return NULL;
+        }
+    }
+    if ((p < end && (*p == 'e' || *p == 'E')) || p - s > MAX_NUMBER)
+        return NULL;
+    if (frac == 0) {  /* an integer: below 10^15, inside 2^53 */
+        long long v = neg ? -(long long)m : (long long)m;
+        *value = PyLong_FromLongLong(v);
+        *as_float = (double)v;
+        *kind = T_INT;
+    } else {
+        double d = (double)m / POW10[frac];
+        *as_float = neg ? -d : d;
+        *value = PyFloat_FromDouble(*as_float);
+        *kind = T_FLOAT;
+    }
+    return *value == NULL ? NULL : p;
+}
+
 /* A number token at p (JSON grammar); *value a new int or float, NULL when not decided here. */
 static const unsigned char *number(const unsigned char *p, const unsigned char *end, PyObject **value, int *kind,
                                    double *as_float) {
     const unsigned char *s = p;
     int is_float = 0;
     *value = NULL;
+    const unsigned char *q = plain_number(p, end, value, kind, as_float);
+    if (q != NULL || PyErr_Occurred())
+        return q;
     if (p < end && *p == '-')
         p++;
     if (p >= end)
@@ -230,11 +286,9 @@ static const unsigned char *number(const unsigned char *p, const unsigned char *
                     ev = ev * 10 + (*x - '0');
                 e += neg ? -ev : ev;
             }
-            static const double pow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
-                                           1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
             if (e >= -22 && e <= 22) {
                 double d = (double)m;
-                d = e < 0 ? d / pow10[-e] : d * pow10[e];
+                d = e < 0 ? d / POW10[-e] : d * POW10[e];
                 *as_float = *s == '-' ? -d : d;
                 *value = PyFloat_FromDouble(*as_float);
                 *kind = T_FLOAT;
