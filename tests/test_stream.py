@@ -267,13 +267,17 @@ class _World:
         self.client = _Client(self.read)
         self.token = None
 
+    def _send(self, prev: int, end: int) -> None:
+        """The server sends the records ``[prev, end)``: here the client has them at once."""
+        self.client.records(prev, end)
+
     def tail(self, n: int) -> bool:
         if self.read >= self.size:
             return False
         prev, self.read = self.read, min(self.size, self.read + 1 + n % 7)
         action = self.stream.on_batch("g", prev, self.read, self.indexing)
         if action is Action.SEND:
-            self.client.records(prev, self.read)
+            self._send(prev, self.read)
         elif action is Action.START_CATCH_UP:
             self.token = self.stream.catch_up_token
         return True
@@ -303,7 +307,7 @@ class _World:
         elif isinstance(step, Read):
             end = min(step.end, step.start + 1 + n % 5)
             if self.stream.on_read(step, end) is Action.SEND:
-                self.client.records(step.start, end)
+                self._send(step.start, end)
         elif step is Step.DONE:
             self.token = None
         return True
@@ -366,16 +370,8 @@ class _Wire(_World):
         self.wire: list[tuple] = []
         self.subscribes: list[Position] = []
 
-    def tail(self, n: int) -> bool:
-        if self.read >= self.size:
-            return False
-        prev, self.read = self.read, min(self.size, self.read + 1 + n % 7)
-        action = self.stream.on_batch("g", prev, self.read, self.indexing)
-        if action is Action.SEND:
-            self.wire.append(("records", prev, self.read))
-        elif action is Action.START_CATCH_UP:
-            self.token = self.stream.catch_up_token
-        return True
+    def _send(self, prev: int, end: int) -> None:
+        self.wire.append(("records", prev, end))  # (on its way: the page has it at a deliver)
 
     def history(self) -> None:
         self.client.refetch(self.read)  # the history answer ends where the run has been read
@@ -387,20 +383,6 @@ class _Wire(_World):
         action = self.stream.on_subscribe(self.subscribes.pop(0), Position("g", self.read))
         if action is Action.START_CATCH_UP:
             self.token = self.stream.catch_up_token
-        return True
-
-    def step(self, n: int) -> bool:
-        if self.token is None:
-            return False
-        step = self.stream.next_step(self.token, Position("g", self.read))
-        if isinstance(step, Check):
-            self.stream.on_checked(step, True, Position("g", self.read))
-        elif isinstance(step, Read):
-            end = min(step.end, step.start + 1 + n % 5)
-            if self.stream.on_read(step, end) is Action.SEND:
-                self.wire.append(("records", step.start, end))
-        elif step is Step.DONE:
-            self.token = None
         return True
 
     def deliver(self) -> bool:
