@@ -29,7 +29,7 @@ from websockets.asyncio.client import connect
 
 from benchmarks.ws_clients import stalled_client
 from gradmon.server import start_server
-from gradmon.server.app import POLL_IDLE_MAX_BYTES, POLL_MAX_BYTES, GradmonServer
+from gradmon.server.app import POLL_IDLE_MAX_BYTES, POLL_MAX_BYTES, POLL_MIN_BYTES, GradmonServer
 
 
 @pytest.fixture
@@ -465,15 +465,19 @@ async def _largest_slice(server: GradmonServer, names: list[str]) -> int:
 @pytest.mark.parametrize("page", [False, True])
 def test_indexing_yields_to_the_loop_after_each_bounded_slice(logdir, tmp_path, page):
     """Two big backlogs are read one bounded slice at a time, the loop serving everything else
-    between two slices (#14 D): while a page is connected, never more than POLL_MAX_BYTES is
-    indexed without a yield (its live pushes wait for a slice); while none is, up to
-    POLL_IDLE_MAX_BYTES, fewer and bigger slices (the lines here are ~110 bytes)."""
+    between two slices (#14 D): while a page is connected, never more than the paced slice size
+    (``pacing.SlicePacer``, timed on these very slices, between POLL_MIN_BYTES and
+    POLL_IDLE_MAX_BYTES) is indexed without a yield (its live pushes wait for a slice); while none
+    is, up to POLL_IDLE_MAX_BYTES, fewer and bigger slices (the lines here are ~110 bytes)."""
     staging = tmp_path / "staging"  # (the runs appear whole once the page is there, or not)
     paths = [make_run(staging, name, 20_000) for name in ("a", "b")]  # ~2.2 MB each
     logdir.mkdir()
 
     async def main():
         server = GradmonServer(logdir, port=0, index_sidecars=False, discover_interval=0.02)
+        sizes = []  # what each tick allowed a run's slice
+        slice_bytes = server.slice_bytes
+        server.slice_bytes = lambda: sizes.append(slice_bytes()) or sizes[-1]
         await server.start()
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -484,17 +488,36 @@ def test_indexing_yields_to_the_loop_after_each_bounded_slice(logdir, tmp_path, 
                     p.parent.rename(logdir / p.parent.name)
                 while len(server.runs) < 2:
                     await asyncio.sleep(0)
+                sizes.clear()
                 most = await _largest_slice(server, ["a", "b"])
                 assert bool(server.sessions.clients) == page
             if page:
-                assert 0 < most <= POLL_MAX_BYTES + 200  # (+ the partial line a slice ended in)
+                assert 0 < most <= max(sizes) + 200  # (+ the partial line a slice ended in)
+                assert min(sizes) >= POLL_MIN_BYTES and max(sizes) <= POLL_IDLE_MAX_BYTES
+                assert server.pacer.seconds_per_byte is not None  # (the slices were timed)
             else:
+                assert set(sizes) == {POLL_IDLE_MAX_BYTES}
+                assert server.pacer.seconds_per_byte is None
                 assert POLL_MAX_BYTES + 200 < most <= POLL_IDLE_MAX_BYTES + 200
             assert sum(r.offset for r in server.runs.values()) == sum(
                 (logdir / n / "metrics.jsonl").stat().st_size for n in ("a", "b"))
         finally:
             await server.close()
     asyncio.run(main())
+
+
+def test_a_given_poll_max_bytes_is_not_paced(logdir):
+    """``poll_max_bytes`` given: the slices of a connected page's backlog are that size, whatever
+    the pacer measured; by default (``None``) they are the pacer's."""
+    logdir.mkdir()
+    fixed = GradmonServer(logdir, port=0, poll_max_bytes=4096)
+    paced = GradmonServer(logdir, port=0)
+    for server in (fixed, paced):
+        assert server.slice_bytes() == POLL_IDLE_MAX_BYTES  # (no client: the idle slices)
+        server.sessions.clients.add(object())  # (a client connected, as far as slicing goes)
+        server.pacer.note(64 << 10, 0.0002)  # (64 KiB in 0.2 ms: ~320 KiB a millisecond)
+    assert fixed.slice_bytes() == 4096
+    assert paced.slice_bytes() == paced.pacer.size() > POLL_MAX_BYTES
 
 
 def test_logs_of_other_writers_are_served_as_step_records(logdir):

@@ -5,10 +5,11 @@ Everything runs on one asyncio loop: a tail task polls every run's file with ``o
 latency within a few ticks); a discovery task rescans the log root every ``discover_interval``
 for new runs and status changes. Nothing on the loop may take long, so that live pushes never
 wait: a backlog (a big file read at start) is indexed one bounded slice at a time with a yield
-after each (bigger slices while no client is connected: no push can wait then), and history
-answers are planned on the loop but read back, decoded and encoded in a worker process
-(``routes``, ``history``, ``worker``). Records go to every client that keeps up in
-one ``broadcast`` (no task switch per client); the others get them through their queue.
+after each (sized to take under a millisecond while a client is connected, ``pacing.py``; bigger
+while none is: no push can wait then), and history answers are planned on the loop but read back,
+decoded and encoded in a worker process (``routes``, ``history``, ``worker``). Records go to every
+client that keeps up in one ``broadcast`` (no task switch per client); the others get them through
+their queue.
 
 The no-gap/no-duplicate rules of each client's stream of each run are ``stream.RunStream``'s;
 the server only carries their actions out: this class for the events of the runs (new records,
@@ -44,6 +45,7 @@ from gradmon.server.hub import (
     records_message,
     reset_message,
 )
+from gradmon.server.pacing import SlicePacer
 from gradmon.server.routes import HttpRoutes
 from gradmon.server.runs import Batch, Run, discover_runs
 from gradmon.server.sessions import Sessions
@@ -51,8 +53,8 @@ from gradmon.server.stream import Action, Position, RunStream
 from gradmon.server.worker import WorkerPool, shared_pool
 
 __all__ = [
-    "DEFAULT_PORT", "POLL_IDLE_MAX_BYTES", "POLL_MAX_BYTES", "GradmonServer", "ServerHandle", "resolve_token",
-    "serve", "start_server",
+    "DEFAULT_PORT", "POLL_IDLE_MAX_BYTES", "POLL_MAX_BYTES", "POLL_MIN_BYTES", "GradmonServer",
+    "ServerHandle", "resolve_token", "serve", "start_server",
 ]
 
 log = logging.getLogger("gradmon.server")
@@ -60,10 +62,14 @@ log = logging.getLogger("gradmon.server")
 DEFAULT_PORT = 8686
 POLL_INTERVAL_S = 0.02
 DISCOVER_INTERVAL_S = 1.0
-POLL_MAX_BYTES = 64 << 10  # per run per tick: bounds each slice of the loop's work on a backlog
-# The same while no page is connected: no live push waits behind a slice then (an HTTP request
-# would: ~8 ms here), and per-slice work is ~10 % of a cold index. 512 KiB measured best of 128 KiB
-# to 4 MiB (bigger ones were slower again: RESULTS.md, stop 46).
+# While a page is connected, a backlog slice (per run per tick) is sized to take about
+# pacing.SLICE_BUDGET_S on the loop (a live push may wait for it): at least POLL_MIN_BYTES, at most
+# POLL_IDLE_MAX_BYTES. POLL_MAX_BYTES: a run's head, read at start before listening.
+POLL_MIN_BYTES = 32 << 10
+POLL_MAX_BYTES = 64 << 10
+# While no page is connected: no live push waits behind a slice then (an HTTP request would: ~8 ms
+# here), and per-slice work is ~10 % of a cold index. 512 KiB measured best of 128 KiB to 4 MiB
+# (bigger ones were slower again: RESULTS.md, stop 46).
 POLL_IDLE_MAX_BYTES = 512 << 10
 WARM_DELAY_S = 0.5  # after listening, the history worker starts (see GradmonServer._warm_workers)
 MAX_WS_MESSAGE = 256 << 10  # client → server frames; anything bigger closes that connection (1009)
@@ -78,7 +84,7 @@ class GradmonServer:
     def __init__(self, logdir: str | os.PathLike, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  token: str | None = None, *, poll_interval: float = POLL_INTERVAL_S,
                  discover_interval: float = DISCOVER_INTERVAL_S, static_dir: Path | None = None,
-                 client_queue_bytes: int = CLIENT_QUEUE_BYTES, poll_max_bytes: int = POLL_MAX_BYTES,
+                 client_queue_bytes: int = CLIENT_QUEUE_BYTES, poll_max_bytes: int | None = None,
                  poll_idle_max_bytes: int = POLL_IDLE_MAX_BYTES,
                  workers: WorkerPool | None = None, alerts: Any | None = None,
                  index_sidecars: bool = True, index_dir: str | os.PathLike | None = None,
@@ -90,8 +96,9 @@ class GradmonServer:
         self.poll_interval = poll_interval
         self.discover_interval = discover_interval
         self.client_queue_bytes = client_queue_bytes
-        self.poll_max_bytes = poll_max_bytes
+        self.poll_max_bytes = poll_max_bytes  # (None: paced, see slice_bytes)
         self.poll_idle_max_bytes = poll_idle_max_bytes
+        self.pacer = SlicePacer(min(POLL_MIN_BYTES, poll_idle_max_bytes), poll_idle_max_bytes)
         self.progress_interval = progress_interval
         self.workers = workers if workers is not None else shared_pool()
         self.index_sidecars = index_sidecars  # keep each run's index beside its log (sidecar.py) ...
@@ -112,7 +119,8 @@ class GradmonServer:
         """Discover runs, read the head of each, and start listening."""
         self._apply_discovery(await asyncio.to_thread(discover_runs, self.root))
         for run in list(self.runs.values()):
-            self._poll_run(run, self.poll_max_bytes)  # (the head of each: listening comes first)
+            # (the head of each: listening comes first)
+            self._poll_run(run, self.poll_max_bytes or POLL_MAX_BYTES)
         self._server = await ws_serve(
             self.sessions.handler, self.host, self.port, process_request=self.http.process_request,
             max_size=MAX_WS_MESSAGE, max_queue=16, logger=logging.getLogger("gradmon.server.ws"),
@@ -188,7 +196,11 @@ class GradmonServer:
                 if self.runs.get(run.name) is not run:
                     continue
                 read_from = run.offset
+                paced = self.poll_max_bytes is None and bool(self.sessions.clients)
+                started = time.perf_counter() if paced else 0.0
                 busy |= self._poll_run(run, self.slice_bytes())
+                if paced:
+                    self.pacer.note(run.offset - read_from, time.perf_counter() - started)
                 if run.offset != read_from:
                     # A slice read (of a backlog: a big file being indexed, its last one too): let
                     # the senders, the requests and the other runs go before the next slice.
@@ -196,9 +208,12 @@ class GradmonServer:
             await asyncio.sleep(0 if busy else self.poll_interval)
 
     def slice_bytes(self) -> int:
-        """The most bytes a run's poll reads in one tick: ``poll_max_bytes`` while a client is
-        connected (its live pushes wait for the slice), ``poll_idle_max_bytes`` while none is."""
-        return self.poll_max_bytes if self.sessions.clients else self.poll_idle_max_bytes
+        """The most bytes a run's poll reads in one tick: while a client is connected (its live
+        pushes wait for the slice) ``poll_max_bytes``, or by default what ``pacer`` says takes
+        about ``pacing.SLICE_BUDGET_S``; ``poll_idle_max_bytes`` while none is."""
+        if not self.sessions.clients:
+            return self.poll_idle_max_bytes
+        return self.poll_max_bytes if self.poll_max_bytes is not None else self.pacer.size()
 
     def _poll_run(self, run: Run, max_bytes: int) -> bool:
         was_indexing = run.indexing
