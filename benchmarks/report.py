@@ -297,7 +297,7 @@ def _server_stress(st: dict[str, Any]) -> str:
         ["another client zooming on the big run", p99(zoom.get("zooming", {}), "p99_ms_median"), "≤ 50",
          f"zoom p50 {_num(z_ms.get('p50_ms'), '.0f')} ms, {z_ms.get('n', '—')} zooms"],
         ["while the big run is indexed", p99(zoom.get("indexing", {})), "≤ 50",
-         f"indexed in {_num(zoom.get('index_s'), '.1f')} s; "
+         f"indexed in {_num(zoom.get('indexing', {}).get('indexed_s'), '.1f')} s with the page connected; "
          f"{zoom.get('indexing', {}).get('while_indexing', '—')} records written meanwhile"],
         ["a client floods bad subscribes, never reads", p99(abuse.get("abused", {})), "",
          f"HTTP p99 {p99(abuse.get('http_ms', {}))} ms"],

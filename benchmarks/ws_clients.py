@@ -10,7 +10,10 @@ created so the writer can start. With ``--idle`` the clients read nothing after 
 (open pages nobody looks at: the server still sends to them, the kernel buffers it). For each
 record carrying ``bench_wts`` (the writer's ``time.time()`` at write) a client notes ``receive
 time - bench_wts``. At wall time ``T`` all clients close (or as soon as the ``--stop`` file
-exists) and the summary (counts and latency percentiles over all clients) is written.
+exists) and the summary (counts and latency percentiles over all clients) is written. With
+``--samples`` it also holds each record's ``[bench_wts, latency]`` and, per run, when a ``hello`` or
+``runs`` message first listed it as indexed (``indexed_at``: the server sends a ``runs`` message as
+a run's backlog ends).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ async def _client(
     stop_file: str | None,
     idle: bool = False,
     stamps: list[float] | None = None,
+    indexed_at: dict[str, float] | None = None,
 ) -> None:
     import websockets
 
@@ -88,6 +92,11 @@ async def _client(
             counts[kind] = counts.get(kind, 0) + 1
             if kind == "hello":
                 hello.set()
+            if kind in ("hello", "runs") and indexed_at is not None:  # (both list the runs)
+                for run in msg.get("runs", []):
+                    name = run.get("name") if isinstance(run, dict) else None
+                    if isinstance(name, str) and run.get("indexing") is False:
+                        indexed_at.setdefault(name, now)
             elif kind == "records":
                 for rec in msg.get("records", []):
                     wts = rec.get("bench_wts") if isinstance(rec, dict) else None
@@ -101,14 +110,16 @@ async def run_clients(
     url: str, n: int, until: float, ready_file: str | None, stop_file: str | None = None, idle: bool = False,
     samples: bool = False,
 ) -> dict[str, Any]:
-    """``samples``: the result also holds ``samples``, each record's ``[bench_wts, latency]``."""
+    """``samples``: the result also holds ``samples``, each record's ``[bench_wts, latency]``, and
+    ``indexed_at``, per run the wall time a ``hello`` or ``runs`` message first listed it as indexed."""
     latencies: list[float] = []
     stamps: list[float] | None = [] if samples else None
+    indexed_at: dict[str, float] | None = {} if samples else None
     counts: dict[str, int] = {}
     hellos = [asyncio.Event() for _ in range(n)]
     tasks = []
     for i in range(n):
-        client = _client(url, hellos[i], latencies, counts, until, stop_file, idle, stamps)
+        client = _client(url, hellos[i], latencies, counts, until, stop_file, idle, stamps, indexed_at)
         tasks.append(asyncio.create_task(client))
         if i % 50 == 49:  # connect in waves: a thousand handshakes at once only measure the backlog
             await asyncio.sleep(0.05)
@@ -130,6 +141,7 @@ async def run_clients(
         out.update(latency_summary(latencies))
     if stamps is not None:
         out["samples"] = [[w, v] for w, v in zip(stamps, latencies)]
+        out["indexed_at"] = indexed_at
     return out
 
 

@@ -203,6 +203,9 @@ def test_smoke_run_writes_every_section(tmp_path):
         assert _finite_positive(indexing.get("block_p99_ms")), stress["zoom"]
         assert indexing["while_indexing"] + indexing["after_index"] == indexing["received"], indexing
         assert (indexing["while_indexing"] > 0) == _finite_positive(indexing.get("p99_ms")), indexing
+        # (when the run was seen indexed within the block: then before the block's end, else None)
+        indexed_s = indexing["indexed_s"]
+        assert indexed_s is None or 0 < indexed_s <= stress["zoom"]["index_s"], indexing
         assert stress["zoom"]["zoom_ms"]["n"] >= 1
         assert all(_finite_positive(stress["abuse"][f"rss_mb_{k}"]) for k in ("before", "peak", "after"))
         assert _finite_positive(stress["idle"]["healthy"].get("p99_ms")), stress["idle"]
