@@ -155,6 +155,28 @@ def test_window_baseline_matches_running_baseline() -> None:
         assert (len(a), a.median(), a.envelope()) == (len(b), b.median(), b.envelope())
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 30), st.data())
+def test_median_ceilings_bound_every_running_median(window, data) -> None:
+    # The quiet-chunk screen's ceiling of the loss median (WindowBaseline.median_ceiling and
+    # median_ceiling_after, a selection in C where it gives sorted()'s value): at least the median
+    # of the window after each of the chunk's values is added, learnt values first; a ceiling any
+    # lower would let the screen call quiet a chunk whose loss the rule flags.
+    values = st.integers(-20, 20).map(lambda i: i / 4) | st.floats(-1e6, 1e6) | st.sampled_from([-0.0, 0.0])
+    base = WindowBaseline(window)
+    base.extend(data.draw(st.lists(values, min_size=1, max_size=3 * window)))
+    learnt = data.draw(st.lists(values, max_size=2 * window))
+    new = data.draw(st.lists(values, min_size=1, max_size=window // 2 + 1))
+    ceiling = base.median_ceiling_after(learnt, new)
+    grown = WindowBaseline(window)
+    grown.extend([*base.recent, *learnt])
+    for v in new:
+        grown.extend([v])
+        assert grown.median() <= ceiling
+    if not learnt:
+        assert base.median_ceiling(new) == ceiling
+
+
 def test_splice_puts_derived_events_at_their_lines() -> None:
     def d(offset: int, before: bool, name: str) -> Derived:
         return Derived(offset, before, {"name": name}, name.encode())

@@ -563,6 +563,60 @@ def test_the_compiled_median_is_the_median_of_sorted(values, as_deque):
 
 @needs_scanner
 @settings(max_examples=300, deadline=None)
+@given(st.integers(1, 40), st.data())
+def test_window_medians_are_the_running_medians_of_sorted(size, data):
+    # The alarm rule's scale samples: a window of `size` (a deque, oldest first) takes `values`, and
+    # at each cut (values taken so far) its median is the one sorted() gives, to the bit; None for
+    # the whole call where a selection could differ (a zero median) or a cut is out of order.
+    from collections import deque
+
+    floats = st.integers(-4, 4).map(lambda i: i / 2) | st.floats(-1e300, 1e300) | st.sampled_from([-0.0, 0.0])
+    window = deque(data.draw(st.lists(floats, max_size=size)), maxlen=size)
+    values = data.draw(st.lists(floats, max_size=120))
+    cuts = sorted(data.draw(st.lists(st.integers(0 if window else 1, len(values)), max_size=8))) \
+        if window or values else []
+    got = native.scanner().window_medians(window, values, cuts, size)
+    want = []
+    for c in cuts:
+        s = sorted([*window, *values[:c]][-size:])
+        n = len(s)
+        want.append(s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2]))
+    if got is None:
+        assert 0.0 in want
+    else:
+        assert repr(got) == repr(want)
+    if len(cuts) >= 2 and cuts[0] != cuts[-1]:
+        assert native.scanner().window_medians(window, values, cuts[::-1], size) is None
+    if values:
+        assert native.scanner().window_medians(window, [*values[:-1], 1], cuts, size) is None
+
+
+@needs_scanner
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([-0.0, 0.0, 1.0, -1.0, 2.5]) | st.floats(-1e300, 1e300), max_size=700),
+       st.lists(st.sampled_from([-0.0, 0.0, 1.0, 2.5]) | st.floats(-1e300, 1e300), max_size=400),
+       st.integers(-2, 1200), st.booleans())
+def test_order_statistic_is_sorted_s(a, b, k, as_deque):
+    # The alarm rule's median ceiling (WindowBaseline.median_ceiling*: a window, a deque, and a
+    # chunk's values): sorted(chain(a, b))[k] to the bit, or None where a selection could differ (a
+    # zero result: sorted keeps 0.0 and -0.0 in their order) or k is out of range; stack and heap.
+    from collections import deque
+
+    got = native.scanner().order_statistic(k, deque(a) if as_deque else a, b)
+    together = sorted([*a, *b])
+    if not 0 <= k < len(together):
+        assert got is None
+    elif got is None:
+        assert together[k] == 0.0
+    else:
+        assert repr(got) == repr(together[k])
+    if a and 0 <= k < len(together):
+        assert native.scanner().order_statistic(k, [*a[:-1], math.nan], b) is None
+        assert native.scanner().order_statistic(k, a, [*b, 1]) is None
+
+
+@needs_scanner
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from([-0.0, 0.0, 1.0, -1.0, 2.5]) | st.floats(-1e300, 1e300), max_size=60),
        st.integers(0, 60), st.integers(0, 60), st.integers(1, 9))
 def test_chunk_maxima_are_max_of_each_chunk(values, a, b, chunk):

@@ -177,6 +177,17 @@ def _self_test(module: ModuleType) -> None:
                                       [nan], [])]
     if got != [2.0, 2.5, None, None, None, None]:
         raise NativeBuildError(f"the compiled median's self-test failed: {got!r}")
+    # Order statistics of two sequences together; a zero, an int, a NaN and k out of range are left.
+    got = [module.order_statistic(k, a, b) for k, a, b in (
+        (0, [3.0, -1.0], [2.0]), (2, [3.0], [-1.0, 2.0]), (1, [1.0, 1.0], [1.0]), (1, [0.0, -0.0], [1.0]),
+        (0, [1], [2.0]), (0, [nan], []), (3, [1.0, 2.0], [3.0]), (-1, [1.0], []))]
+    if got != [-1.0, 3.0, 1.0, None, None, None, None, None]:
+        raise NativeBuildError(f"the compiled order statistic's self-test failed: {got!r}")
+    # Running medians of a window of 3 as values come: at cuts 0, 1 and 3; a zero median is left.
+    got = (module.window_medians([1.0, 5.0], [3.0, 9.0, 7.0, 2.0], [0, 1, 3], 3),
+           module.window_medians([-1.0, 0.0], [1.0], [1], 3), module.window_medians([], [1.0], [0], 3))
+    if got != ([3.0, 3.0, 7.0], None, None):
+        raise NativeBuildError(f"the compiled window medians' self-test failed: {got!r}")
     # Two buckets of two rows, column-wise: one with a missing value, one without a number; merged.
     got = module.bucket_columns(["a", "b"], [missing + struct.pack("<3d", 2, -1, 3), None], [5, 6, 7, 8],
                                 0, 2, 2)

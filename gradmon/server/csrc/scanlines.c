@@ -1287,6 +1287,37 @@ static double select_kth(double *v, Py_ssize_t n, Py_ssize_t k) {
     return v[k];
 }
 
+/* Copy the floats of a fast sequence into v from at; 0 when an item is not a float or is a NaN. */
+static int fill_floats(PyObject *seq, double *v, Py_ssize_t at) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyFloat_CheckExact(items[i]))
+            return 0;
+        double x = PyFloat_AS_DOUBLE(items[i]);
+        if (x != x)
+            return 0;
+        v[at + i] = x;
+    }
+    return 1;
+}
+
+/* The median of v[0:n] (n > 0, no NaN) as sorted() gives it, into *m; 0 when a selection cannot be
+ * sure to give the same (a zero median: sorted keeps 0.0 and -0.0 in their order). v is reordered. */
+static int median_of(double *v, Py_ssize_t n, double *m) {
+    Py_ssize_t mid = n / 2;
+    double x = select_kth(v, n, mid);
+    if (n % 2 == 0) {  /* the largest of those below the middle one: the (mid - 1)-th */
+        double below = v[0];
+        for (Py_ssize_t i = 1; i < mid; i++)
+            if (v[i] > below)
+                below = v[i];
+        x = 0.5 * (below + x);
+    }
+    *m = x;
+    return x != 0.0;
+}
+
 /* median(values) -> the median of a sequence of floats as sorted() gives it (the middle one, or
  * the mean of the two middle ones), or None when it cannot be sure to give the same: an empty
  * sequence, a value that is not a float, a NaN, or a zero median (sorted keeps 0.0 and -0.0 in
@@ -1297,40 +1328,131 @@ static PyObject *median(PyObject *self, PyObject *arg) {
     if (seq == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     double stack[512];
     double *v = n <= 512 ? stack : PyMem_Malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
     if (v == NULL) {
         Py_DECREF(seq);
         return PyErr_NoMemory();
     }
-    int ok = n > 0;
-    for (Py_ssize_t i = 0; ok && i < n; i++) {
-        ok = PyFloat_CheckExact(items[i]);
-        if (ok) {
-            v[i] = PyFloat_AS_DOUBLE(items[i]);
-            ok = v[i] == v[i];
-        }
-    }
+    int ok = n > 0 && fill_floats(seq, v, 0);
     Py_DECREF(seq);
     double m = 0.0;
-    if (ok) {
-        Py_ssize_t mid = n / 2;
-        m = select_kth(v, n, mid);
-        if (n % 2 == 0) {  /* the largest of those below the middle one: the (mid - 1)-th */
-            double below = v[0];
-            for (Py_ssize_t i = 1; i < mid; i++)
-                if (v[i] > below)
-                    below = v[i];
-            m = 0.5 * (below + m);
-        }
-        ok = m != 0.0;
-    }
+    ok = ok && median_of(v, n, &m);
     if (v != stack)
         PyMem_Free(v);
     if (!ok)
         Py_RETURN_NONE;
     return PyFloat_FromDouble(m);
+}
+
+/* order_statistic(k, a, b): the k-th smallest (from 0) of the floats of the sequences a and b
+ * together, as sorted(chain(a, b))[k] gives it, or None when it cannot be sure to give the same: k
+ * out of range, a value that is not a float, a NaN, or a zero result (sorted keeps 0.0 and -0.0 in
+ * their order, which a selection does not). The alarm rule's median ceiling (alarmrule.py). */
+static PyObject *order_statistic(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_ssize_t k;
+    PyObject *a, *b;
+    if (!PyArg_ParseTuple(args, "nOO", &k, &a, &b))
+        return NULL;
+    PyObject *sa = PySequence_Fast(a, "order_statistic expects two sequences");
+    if (sa == NULL)
+        return NULL;
+    PyObject *sb = PySequence_Fast(b, "order_statistic expects two sequences");
+    if (sb == NULL) {
+        Py_DECREF(sa);
+        return NULL;
+    }
+    Py_ssize_t na = PySequence_Fast_GET_SIZE(sa), n = na + PySequence_Fast_GET_SIZE(sb);
+    double stack[1024];
+    double *v = n <= 1024 ? stack : PyMem_Malloc(sizeof(double) * (size_t)n);
+    if (v == NULL) {
+        Py_DECREF(sa);
+        Py_DECREF(sb);
+        return PyErr_NoMemory();
+    }
+    int ok = 0 <= k && k < n && fill_floats(sa, v, 0) && fill_floats(sb, v, na);
+    Py_DECREF(sa);
+    Py_DECREF(sb);
+    double x = 0.0;
+    if (ok) {
+        x = select_kth(v, n, k);
+        ok = x != 0.0;
+    }
+    if (v != stack)
+        PyMem_Free(v);
+    if (!ok)
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble(x);
+}
+
+/* window_medians(window, values, cuts, size): for each cut c of cuts (ascending, 0 <= c <=
+ * len(values)), the median of the last `size` of the floats of window (a sequence, oldest first)
+ * followed by values[:c], as sorted() gives it: a list, or None when a selection cannot be sure to
+ * give the same for all of them (a value not a float, a NaN, a zero median, an empty window) or a
+ * cut is out of order. The alarm rule's scale samples (alarmrule.py, _extend_sampled): the
+ * running medians a stretch of values passes through, without appending them one stretch at a time. */
+static PyObject *window_medians(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *w, *vals, *cuts;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "OOO!n", &w, &vals, &PyList_Type, &cuts, &size))
+        return NULL;
+    if (size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "window_medians: size must be > 0");
+        return NULL;
+    }
+    PyObject *sw = PySequence_Fast(w, "window_medians expects sequences");
+    if (sw == NULL)
+        return NULL;
+    PyObject *sv = PySequence_Fast(vals, "window_medians expects sequences");
+    if (sv == NULL) {
+        Py_DECREF(sw);
+        return NULL;
+    }
+    Py_ssize_t nw = PySequence_Fast_GET_SIZE(sw), n = nw + PySequence_Fast_GET_SIZE(sv);
+    Py_ssize_t ncuts = PyList_GET_SIZE(cuts);
+    double *all = PyMem_Malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    double *scratch = PyMem_Malloc(sizeof(double) * (size_t)size);
+    PyObject *out = NULL;
+    int ok = all != NULL && scratch != NULL;
+    if (!ok)
+        PyErr_NoMemory();
+    ok = ok && fill_floats(sw, all, 0) && fill_floats(sv, all, nw);
+    if (ok && (out = PyList_New(ncuts)) == NULL)
+        ok = 0;
+    Py_ssize_t prev = 0;
+    for (Py_ssize_t j = 0; ok && j < ncuts; j++) {
+        Py_ssize_t c = PyLong_AsSsize_t(PyList_GET_ITEM(cuts, j));
+        if (c == -1 && PyErr_Occurred())
+            break;
+        ok = c >= prev && nw + c <= n && nw + c > 0;
+        prev = c;
+        if (!ok)
+            break;
+        Py_ssize_t end = nw + c, len = end < size ? end : size;
+        memcpy(scratch, all + (end - len), sizeof(double) * (size_t)len);
+        double m;
+        ok = median_of(scratch, len, &m);
+        PyObject *f = ok ? PyFloat_FromDouble(m) : NULL;
+        if (ok && f == NULL)
+            break;
+        if (ok)
+            PyList_SET_ITEM(out, j, f);
+    }
+    Py_DECREF(sw);
+    Py_DECREF(sv);
+    PyMem_Free(all);
+    PyMem_Free(scratch);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(out);
+        return NULL;
+    }
+    if (!ok) {
+        Py_XDECREF(out);
+        Py_RETURN_NONE;
+    }
+    return out;
 }
 
 /* chunk_maxima(floats, lo, hi, chunk): the largest of rows [lo, hi) of a buffer of float64s, per
@@ -1553,6 +1675,10 @@ static PyMethodDef methods[] = {
     {"bucket_cut", bucket_cut, METH_VARARGS,
      "bucket_cut(lines, open_records, bucket) -> how many lines fill the open bucket and whole buckets"},
     {"median", median, METH_O, "median(values) -> the median of floats as sorted() gives it, or None"},
+    {"window_medians", window_medians, METH_VARARGS,
+     "window_medians(window, values, cuts, size) -> [the running median at each cut], or None"},
+    {"order_statistic", order_statistic, METH_VARARGS,
+     "order_statistic(k, a, b) -> sorted(chain(a, b))[k] of floats, or None"},
     {"chunk_maxima", chunk_maxima, METH_VARARGS,
      "chunk_maxima(floats, lo, hi, chunk) -> [the largest float64 of each chunk of rows [lo, hi)]"},
     {"increasing", increasing, METH_O, "increasing(floats) -> whether the float64s increase strictly"},
