@@ -562,6 +562,20 @@ def test_the_compiled_median_is_the_median_of_sorted(values, as_deque):
 
 
 @needs_scanner
+def test_the_selections_refuse_what_is_not_a_sequence():
+    scan = native.scanner()
+    with pytest.raises(TypeError):
+        scan.order_statistic(0, 1.0, [2.0])
+    with pytest.raises(TypeError):
+        scan.median(3.0)
+    with pytest.raises(TypeError):
+        scan.window_medians([1.0], [2.0], ["1"], 3)
+    with pytest.raises(ValueError):
+        scan.window_medians([1.0], [2.0], [1], 0)
+    assert scan.order_statistic(1, [2.0] * 2000, [1.0]) == 2.0  # (more than the stack holds)
+
+
+@needs_scanner
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 40), st.data())
 def test_window_medians_are_the_running_medians_of_sorted(size, data):

@@ -1318,31 +1318,70 @@ static int median_of(double *v, Py_ssize_t n, double *m) {
     return x != 0.0;
 }
 
+/* The floats of one or two sequences, in order, in one buffer (on the stack when few). */
+typedef struct {
+    double stack[1024];
+    double *v;
+    Py_ssize_t n;
+} Floats;
+
+/* Gather the floats of a and then b (NULL: none) into f: 1, or 0 when an item is not a float or
+ * is a NaN, or -1 with an exception set. Free f with floats_free in every case. */
+static int gather_floats(Floats *f, PyObject *a, PyObject *b) {
+    f->v = f->stack;
+    f->n = 0;
+    PyObject *sa = PySequence_Fast(a, "expected a sequence of floats");
+    if (sa == NULL)
+        return -1;
+    PyObject *sb = b != NULL ? PySequence_Fast(b, "expected a sequence of floats") : NULL;
+    if (b != NULL && sb == NULL) {
+        Py_DECREF(sa);
+        return -1;
+    }
+    Py_ssize_t na = PySequence_Fast_GET_SIZE(sa), n = na + (sb != NULL ? PySequence_Fast_GET_SIZE(sb) : 0);
+    int ok = 1;
+    if (n > (Py_ssize_t)(sizeof(f->stack) / sizeof(double)) &&
+        (f->v = PyMem_Malloc(sizeof(double) * (size_t)n)) == NULL) {
+        f->v = f->stack;
+        PyErr_NoMemory();
+        ok = -1;
+    }
+    if (ok > 0) {
+        f->n = n;
+        ok = fill_floats(sa, f->v, 0) && (sb == NULL || fill_floats(sb, f->v, na));
+    }
+    Py_DECREF(sa);
+    Py_XDECREF(sb);
+    return ok;
+}
+
+static void floats_free(Floats *f) {
+    if (f->v != f->stack)
+        PyMem_Free(f->v);
+}
+
+/* What a selection from gathered floats returns: x, None when it could differ from sorted()'s
+ * (!ok), NULL when gathering raised (got < 0). */
+static PyObject *selected(int got, int ok, double x) {
+    if (got < 0)
+        return NULL;
+    if (!ok)
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble(x);
+}
+
 /* median(values) -> the median of a sequence of floats as sorted() gives it (the middle one, or
  * the mean of the two middle ones), or None when it cannot be sure to give the same: an empty
  * sequence, a value that is not a float, a NaN, or a zero median (sorted keeps 0.0 and -0.0 in
  * their order, which a selection does not). */
 static PyObject *median(PyObject *self, PyObject *arg) {
     (void)self;
-    PyObject *seq = PySequence_Fast(arg, "median expects a sequence");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    double stack[512];
-    double *v = n <= 512 ? stack : PyMem_Malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
-    if (v == NULL) {
-        Py_DECREF(seq);
-        return PyErr_NoMemory();
-    }
-    int ok = n > 0 && fill_floats(seq, v, 0);
-    Py_DECREF(seq);
+    Floats f;
+    int got = gather_floats(&f, arg, NULL);
     double m = 0.0;
-    ok = ok && median_of(v, n, &m);
-    if (v != stack)
-        PyMem_Free(v);
-    if (!ok)
-        Py_RETURN_NONE;
-    return PyFloat_FromDouble(m);
+    int ok = got > 0 && f.n > 0 && median_of(f.v, f.n, &m);
+    floats_free(&f);
+    return selected(got, ok, m);
 }
 
 /* order_statistic(k, a, b): the k-th smallest (from 0) of the floats of the sequences a and b
@@ -1355,35 +1394,16 @@ static PyObject *order_statistic(PyObject *self, PyObject *args) {
     PyObject *a, *b;
     if (!PyArg_ParseTuple(args, "nOO", &k, &a, &b))
         return NULL;
-    PyObject *sa = PySequence_Fast(a, "order_statistic expects two sequences");
-    if (sa == NULL)
-        return NULL;
-    PyObject *sb = PySequence_Fast(b, "order_statistic expects two sequences");
-    if (sb == NULL) {
-        Py_DECREF(sa);
-        return NULL;
-    }
-    Py_ssize_t na = PySequence_Fast_GET_SIZE(sa), n = na + PySequence_Fast_GET_SIZE(sb);
-    double stack[1024];
-    double *v = n <= 1024 ? stack : PyMem_Malloc(sizeof(double) * (size_t)n);
-    if (v == NULL) {
-        Py_DECREF(sa);
-        Py_DECREF(sb);
-        return PyErr_NoMemory();
-    }
-    int ok = 0 <= k && k < n && fill_floats(sa, v, 0) && fill_floats(sb, v, na);
-    Py_DECREF(sa);
-    Py_DECREF(sb);
+    Floats f;
+    int got = gather_floats(&f, a, b);
     double x = 0.0;
+    int ok = got > 0 && 0 <= k && k < f.n;
     if (ok) {
-        x = select_kth(v, n, k);
+        x = select_kth(f.v, f.n, k);
         ok = x != 0.0;
     }
-    if (v != stack)
-        PyMem_Free(v);
-    if (!ok)
-        Py_RETURN_NONE;
-    return PyFloat_FromDouble(x);
+    floats_free(&f);
+    return selected(got, ok, x);
 }
 
 /* window_medians(window, values, cuts, size): for each cut c of cuts (ascending, 0 <= c <=
@@ -1402,25 +1422,18 @@ static PyObject *window_medians(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "window_medians: size must be > 0");
         return NULL;
     }
-    PyObject *sw = PySequence_Fast(w, "window_medians expects sequences");
-    if (sw == NULL)
+    Py_ssize_t nw = PyObject_Length(w);
+    if (nw < 0)
         return NULL;
-    PyObject *sv = PySequence_Fast(vals, "window_medians expects sequences");
-    if (sv == NULL) {
-        Py_DECREF(sw);
-        return NULL;
-    }
-    Py_ssize_t nw = PySequence_Fast_GET_SIZE(sw), n = nw + PySequence_Fast_GET_SIZE(sv);
-    Py_ssize_t ncuts = PyList_GET_SIZE(cuts);
-    double *all = PyMem_Malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
-    double *scratch = PyMem_Malloc(sizeof(double) * (size_t)size);
+    Floats f;
+    int ok = gather_floats(&f, w, vals);
+    Py_ssize_t n = f.n, ncuts = PyList_GET_SIZE(cuts);
+    double *all = f.v;
+    double *scratch = ok > 0 ? PyMem_Malloc(sizeof(double) * (size_t)size) : NULL;
     PyObject *out = NULL;
-    int ok = all != NULL && scratch != NULL;
-    if (!ok)
+    if (ok > 0 && scratch == NULL)
         PyErr_NoMemory();
-    ok = ok && fill_floats(sw, all, 0) && fill_floats(sv, all, nw);
-    if (ok && (out = PyList_New(ncuts)) == NULL)
-        ok = 0;
+    ok = ok > 0 && scratch != NULL && (out = PyList_New(ncuts)) != NULL;
     Py_ssize_t prev = 0;
     for (Py_ssize_t j = 0; ok && j < ncuts; j++) {
         Py_ssize_t c = PyLong_AsSsize_t(PyList_GET_ITEM(cuts, j));
@@ -1434,15 +1447,13 @@ static PyObject *window_medians(PyObject *self, PyObject *args) {
         memcpy(scratch, all + (end - len), sizeof(double) * (size_t)len);
         double m;
         ok = median_of(scratch, len, &m);
-        PyObject *f = ok ? PyFloat_FromDouble(m) : NULL;
-        if (ok && f == NULL)
+        PyObject *value = ok ? PyFloat_FromDouble(m) : NULL;
+        if (ok && value == NULL)
             break;
         if (ok)
-            PyList_SET_ITEM(out, j, f);
+            PyList_SET_ITEM(out, j, value);
     }
-    Py_DECREF(sw);
-    Py_DECREF(sv);
-    PyMem_Free(all);
+    floats_free(&f);
     PyMem_Free(scratch);
     if (PyErr_Occurred()) {
         Py_XDECREF(out);
