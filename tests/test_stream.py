@@ -3,6 +3,9 @@ against every event, then random interleavings checked for no gap and no duplica
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, ClassVar
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -312,25 +315,26 @@ class _World:
             self.token = None
         return True
 
+    def append(self, n: int) -> None:
+        self.size += n
+
+    # A random interleaving's moves, by name: each takes the world and a number (ignored by some).
+    MOVES: ClassVar[dict[str, Callable[[Any, int], Any]]] = {
+        "append": append, "tail": tail, "step": step, "subscribe": subscribe,
+        "null": lambda w, _n: w.subscribe(None), "indexed": lambda w, _n: w.indexed(),
+    }
+
+    def play(self, ops: list[tuple[str, int]]) -> None:
+        """Make each ``(move, n)`` of ``ops``, in order."""
+        for op, n in ops:
+            self.MOVES[op](self, n)
+
 
 @settings(max_examples=300, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(["append", "tail", "step", "subscribe", "null", "indexed"]),
-                              st.integers(0, 40)), max_size=60))
+@given(ops=st.lists(st.tuples(st.sampled_from(list(_World.MOVES)), st.integers(0, 40)), max_size=60))
 def test_random_interleavings_have_no_gap_and_no_duplicate(ops):
     w = _World()
-    for op, n in ops:
-        if op == "append":
-            w.size += n
-        elif op == "tail":
-            w.tail(n)
-        elif op == "indexed":
-            w.indexed()
-        elif op == "subscribe":
-            w.subscribe(n)
-        elif op == "null":
-            w.subscribe(None)
-        else:
-            w.step(n)
+    w.play(ops)
     while w.step(1) or w.tail(3) or w.indexed():  # the server goes on until all is read
         pass
     # the client holds every line exactly once, and follows the run live from its end
@@ -392,10 +396,15 @@ class _Wire(_World):
         self.client.records(prev, end)
         return True
 
+    MOVES: ClassVar[dict[str, Callable[[Any, int], Any]]] = {
+        **{name: _World.MOVES[name] for name in ("append", "tail", "step")},
+        "history": lambda w, _n: w.history(), "arrive": lambda w, _n: w.arrive(),
+        "deliver": lambda w, _n: w.deliver(),
+    }
+
 
 @settings(max_examples=300, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(["append", "tail", "step", "history", "arrive", "deliver"]),
-                              st.integers(0, 40)), max_size=60))
+@given(ops=st.lists(st.tuples(st.sampled_from(list(_Wire.MOVES)), st.integers(0, 40)), max_size=60))
 # (the page's history ends at 10; the connect-time stream sends [10, 13); the subscribe from 10
 # arrives; the tailer reads on to 16 unsent; the catch-up reads [10, 15): after it, only a message
 # from 13 would continue the page, which applied [10, 13))
@@ -405,19 +414,7 @@ def test_messages_sent_before_a_subscribe_takes_effect_leave_no_gap_and_no_dupli
     # (a records message of the connect-time stream that starts at the page's history cursor is
     # applied; the catch-up from that cursor must then go on from where that message ended)
     w = _Wire()
-    for op, n in ops:
-        if op == "append":
-            w.size += n
-        elif op == "tail":
-            w.tail(n)
-        elif op == "history":
-            w.history()
-        elif op == "arrive":
-            w.arrive()
-        elif op == "deliver":
-            w.deliver()
-        else:
-            w.step(n)
+    w.play(ops)
     while w.arrive() or w.step(1) or w.tail(3) or w.deliver():  # all is read, sent and delivered
         pass
     assert w.client.have == list(range(w.size)) and w.client.cursor == w.stream.offset == w.size
