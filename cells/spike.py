@@ -273,14 +273,15 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
 
     ``norm`` (float32 scalar) and ``finite`` (bool scalar) describe this step; ``state`` is the
     float32 vector ``[count, mean, var, scale, ring...]`` before it (:func:`initial_state`; ``count``:
-    finite steps seen; float32 is exact far beyond any warm-up length, and past 2**24 only the
+    finite nonzero norms seen; float32 is exact far beyond any warm-up length, and past 2**24 only the
     comparisons with ``warmup`` and the ring's length matter). ``early`` is
     :meth:`SpikeConfig.early_rule` (empty: no early rule, and ``state`` is ``[count, mean, var]``).
     Returns ``(zscore, spike, target, new_state, loss_spike, lr_spike)``: ``target`` is the clip
     target on a spike and ``norm`` otherwise; ``loss_spike`` says the loss test tripped (``spike`` is
     then True); ``lr_spike`` that the learning-rate test did (``spike`` does not include it: an lr
     spike has no clip target).
-    Non-finite steps leave the state unchanged. ``constants``: :func:`ema_constants` ``(alpha,
+    Non-finite steps leave the state unchanged; a zero norm (at most ``TINY_NORM``) moves only the
+    loss and learning-rate tests' parts. ``constants``: :func:`ema_constants` ``(alpha,
     z_threshold)``, computed outside the graph (:class:`~gradmon.cells.spike_kernel.SpikeDetector`
     passes them); without them ``1 - alpha`` and ``z * z`` are Python arithmetic, which GRAPH mode
     folds in float32 and PYNATIVE in float64.
@@ -288,9 +289,10 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     ``loss`` (float32 scalar, the step's loss) and ``loss_rule`` (:meth:`SpikeConfig.loss_rule`)
     add the loss test; its part of the state, ``[loss_count, loss_scale, loss ring...]``, follows
     the norm tests' and moves on finite steps whose loss is finite. A step it flags that the norm
-    tests do not gets the target ``min(norm, mean)``. ``lr`` (float32 scalar, the rate this step's
-    update uses) and ``lr_rule`` (:meth:`SpikeConfig.lr_rule`) add the learning-rate test; its part,
-    ``[lr_count, lr_top]``, comes last.
+    tests do not gets the target ``min(norm, mean)`` (the norm itself while ``count`` is 0: no level
+    yet). ``lr`` (float32 scalar, the rate this step's update uses) and ``lr_rule``
+    (:meth:`SpikeConfig.lr_rule`) add the learning-rate test; its part, ``[lr_count, lr_top]``, comes
+    last.
 
     During the EMA's warm-up the early rule judges (from its ``min_history``-th norm on): the
     ring's median and MAD of log-norms. Warm-up and EMA share one recursion,
@@ -308,7 +310,9 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     norm_size = norm_state_size(early[0] if early else 0)
     count, mean, var, scale, ring = state[0], state[1], state[2], state[3:4], state[4:norm_size]
     in_warmup = count < warmup
-    active = ops.logical_and(finite, count >= warmup)
+    # A zero norm (at most TINY_NORM) is judged and learnt by the loss test only (zclip_reference).
+    learns = ops.logical_and(finite, norm > TINY_NORM)
+    active = ops.logical_and(learns, count >= warmup)
     std = ops.sqrt(var)
     z_raw = (norm - mean) / (std + ZSCORE_EPS)
     spike = ops.logical_and(active, z_raw > z_threshold)
@@ -323,7 +327,7 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
         floor_level = early[5] * scale[0] if early[5] > 0.0 else 0.0
         above_floor = ops.logical_not(has_ring) | (norm > floor_level)
         spike = ops.logical_and(spike, above_floor)
-        judged = ops.logical_and(ops.logical_and(finite, in_warmup), has_ring)
+        judged = ops.logical_and(ops.logical_and(learns, in_warmup), has_ring)
         early_spike = ops.logical_and(ops.logical_and(judged, early_spike), above_floor)
         zscore = ops.select(judged, early_z, zscore)
         target = ops.select(early_spike, early_target, target)
@@ -335,8 +339,8 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     if loss_rule:
         loss_spike, loss_part = _loss_update(loss, finite, loss_part, loss_rule)
         # A loss-only spike is clipped to the norm's running level (never up).
-        target = ops.select(ops.logical_and(loss_spike, ops.logical_not(spike)), ops.minimum(norm, mean),
-                            target)
+        level = ops.select(count > 0.0, ops.minimum(norm, mean), norm)  # (no level before a learnt norm)
+        target = ops.select(ops.logical_and(loss_spike, ops.logical_not(spike)), level, target)
         spike = ops.logical_or(spike, loss_spike)
     weight = ops.select(in_warmup, 1.0 / (count + 1.0), ops.fill(ms.float32, (), one_minus_alpha))
     delta = target - mean
@@ -352,9 +356,9 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
         new_ring = ops.select(here, logged, ring)
         stats = ops.concat((stats, scale, new_ring))
     if not loss_rule and not lr_rule:
-        new_state = ops.select(ops.broadcast_to(finite, (norm_size,)), stats, state)
+        new_state = ops.select(ops.broadcast_to(learns, (norm_size,)), stats, state)
         return zscore, spike, target, new_state, loss_spike, lr_spike
-    parts = (ops.select(ops.broadcast_to(finite, (norm_size,)), stats, state[:norm_size]),)
+    parts = (ops.select(ops.broadcast_to(learns, (norm_size,)), stats, state[:norm_size]),)
     if loss_rule:
         parts = parts + (loss_part,)  # noqa: RUF005
     if lr_rule:

@@ -3,7 +3,12 @@
 This is the specification the device code (:func:`gradmon.cells.spike.zclip_update`) is tested
 against, and a readable statement of the rule. Two tests share one state:
 
-* Only finite norms count. Non-finite steps change nothing.
+* Only finite norms above ``TINY_NORM`` count. Non-finite steps change nothing; a zero norm (no
+  gradient at all: a frozen stretch, a batch whose loss reaches no trained weight) is neither judged
+  nor learnt by the norm tests: it says nothing of the gradient's scale, and five of them learnt at
+  a run's start would put the ring's median at log(1e-30), where every later norm is a spike
+  clipped back to about that, for good. The loss and learning-rate tests judge such a step as any
+  finite one.
 * **Early rule** (the EMA's warm-up, from the ``early_min``-th finite norm on): a ring keeps the
   logs of the last ``early_window`` effective norms. With ``m`` and ``mad`` the median and the
   median absolute deviation of the ring (the median of ``n`` values: the mean of the sorted
@@ -39,8 +44,10 @@ against, and a readable statement of the rule. Two tests share one state:
   tripped). When the norm tests do not flag it, its clip target is ``min(norm, mean)``: the norm's
   running level (the EMA mean, or the warm-up's running mean before the EMA takes over), so
   ``clip`` scales that step's gradients to an ordinary step's size and never up; that target is the
-  step's effective norm. The loss ring takes the loss as it is (the median is robust to a few
-  outliers, and a lasting shift of the loss becomes the new level after ``window // 2`` steps).
+  step's effective norm. Before any norm is learnt (zero norms only so far) there is no level: the
+  target is the norm (flagged, not clipped). The loss ring takes the loss as it is (the median is
+  robust to a few outliers, and a lasting shift of the loss becomes the new level after
+  ``window // 2`` steps).
   ``window=0`` (or no loss) turns the test off.
 
 * **Learning-rate test** (:class:`LrRule`, with the step's learning rate): the count of the steps
@@ -88,7 +95,7 @@ LOSS_FLOOR = 0.01
 LR_RATIO = 10.0
 LR_MIN = 4
 MAD_SIGMA = 1.4826
-TINY_NORM = 1e-30  # log(0) guard: a zero norm counts as this
+TINY_NORM = 1e-30  # a norm at most this is a zero norm, which the norm tests do not learn (log(0) guard too)
 
 
 @dataclass(frozen=True)
@@ -147,8 +154,8 @@ NO_LR_RULE = LrRule(ratio=0.0)
 
 @dataclass
 class ZClipState:
-    """Detector state: finite steps seen, running mean and variance, the warm-up's norms and the
-    early rule's ring (float32 logs of the last ``window`` effective norms, oldest first)."""
+    """Detector state: finite norms above ``TINY_NORM`` seen, running mean and variance, the warm-up's
+    norms and the early rule's ring (float32 logs of the last ``window`` effective norms, oldest first)."""
 
     count: int = 0
     mean: float = 0.0
@@ -249,6 +256,12 @@ def _norm_and_loss_step(state: ZClipState, norm: float, warmup: int, alpha: floa
         return ZClipStep(0.0, False, norm)
     judge_loss = loss_rule.enabled and loss is not None and math.isfinite(loss)
     loss_spike = judge_loss and loss_verdict(state, float(loss), loss_rule)
+    if not norm > TINY_NORM:  # a zero norm: the loss test only
+        verdict = ZClipStep(0.0, False, norm)
+        if loss_spike:
+            verdict = _loss_flagged(verdict, norm, _level(state, warmup))
+        _learn_loss(state, loss, loss_rule, judge_loss)
+        return verdict
     floored = False
     if early.enabled and state.count >= early.min_history:
         scale = max(np.float32(state.scale), np.float32(np.exp(ring_median(state.ring))))
@@ -260,8 +273,8 @@ def _norm_and_loss_step(state: ZClipState, norm: float, warmup: int, alpha: floa
             verdict = ZClipStep(*early_verdict(state.ring, norm, z_threshold, early))
             if floored:
                 verdict = ZClipStep(verdict.zscore, False, norm)
-        if loss_spike:  # the level: the warm-up's running mean so far (loss_count <= count, so >= 1 norm)
-            verdict = _loss_flagged(verdict, norm, sum(state.warm) / len(state.warm))
+        if loss_spike:
+            verdict = _loss_flagged(verdict, norm, _level(state, warmup))
         state.warm.append(verdict.target)
         state.count += 1
         if state.count == warmup:
@@ -275,17 +288,30 @@ def _norm_and_loss_step(state: ZClipState, norm: float, warmup: int, alpha: floa
         effective = state.mean + (z_threshold * z_threshold / z) * std if spike else norm
         verdict = ZClipStep(z, spike, effective)
         if loss_spike:
-            verdict = _loss_flagged(verdict, norm, state.mean)
+            verdict = _loss_flagged(verdict, norm, _level(state, warmup))
         state.count += 1
         state.mean = alpha * state.mean + (1.0 - alpha) * verdict.target
         state.var = alpha * state.var + (1.0 - alpha) * (verdict.target - state.mean) ** 2
     if early.enabled:
         logged = np.float32(np.log(np.float32(max(verdict.target, TINY_NORM))))
         state.ring = [*state.ring, logged][-early.window:]
-    if judge_loss:
-        state.loss_count += 1
-        state.loss_ring = [*state.loss_ring, np.float32(loss)][-loss_rule.window:]
+    _learn_loss(state, loss, loss_rule, judge_loss)
     return verdict
+
+
+def _level(state: ZClipState, warmup: int) -> float:
+    """The norm's running level before this step: the EMA's mean, or during the warm-up the running
+    mean of its effective norms so far; none (inf: a loss spike is then not clipped) before any."""
+    if state.count >= warmup:
+        return state.mean
+    return sum(state.warm) / len(state.warm) if state.warm else math.inf
+
+
+def _learn_loss(state: ZClipState, loss: float | None, rule: LossRule, judged: bool) -> None:
+    """Add a judged loss to the loss test's ring."""
+    if judged:
+        state.loss_count += 1
+        state.loss_ring = [*state.loss_ring, np.float32(loss)][-rule.window:]
 
 
 def _loss_flagged(verdict: ZClipStep, norm: float, level: float) -> ZClipStep:

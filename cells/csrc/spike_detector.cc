@@ -166,7 +166,9 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
   // ZClip after the warm-up, with the statistics before this step.
   const float z = p[kParamZ];
   const bool in_warmup = count < p[kParamWarmup];
-  const bool active = finite && !in_warmup;
+  // A zero norm (at most tiny) is judged and learnt by the loss and lr tests only (zclip_reference).
+  const bool learns = finite && norm > p[kParamTiny];
+  const bool active = learns && !in_warmup;
   const float sd = std::sqrt(var);
   const float z_raw = (norm - mean) / (sd + p[kParamEps]);
   bool spike = active && z_raw > z;
@@ -195,7 +197,7 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
       // would be NaN).
       const bool above_floor = norm > (p[kParamFloor] > 0.0f ? p[kParamFloor] * scale : 0.0f);
       spike = spike && above_floor;
-      if (finite && in_warmup) {  // judged
+      if (learns && in_warmup) {  // judged
         zscore = early_z;
         if (early_spike && above_floor) {
           target = MsCpuExp(med + thr * thr / Max(dev, thr));
@@ -217,7 +219,8 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
     loss_scale = Max(loss_scale, size_med);
     const float dev = loss - med;
     loss_spike = dev > p[kParamLossRatio] * size_med && dev > p[kParamLossFloor] * loss_scale;
-    if (loss_spike && !spike) target = Min(norm, mean);  // clipped to the norm's running level
+    // clipped to the norm's running level (none before a learnt norm: not clipped)
+    if (loss_spike && !spike) target = count > 0.0f ? Min(norm, mean) : norm;
     spike = spike || loss_spike;
   }
 
@@ -230,7 +233,7 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
 
   float *new_state = static_cast<float *>(params[9]);
   if (new_state != state) std::memcpy(new_state, state, sizeof(float) * size);
-  if (finite) {
+  if (learns) {
     const float weight = in_warmup ? 1.0f / (count + 1.0f) : p[kParamOneMinusAlpha];
     const float delta = target - mean;
     const float new_mean = mean + weight * delta;
