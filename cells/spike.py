@@ -310,7 +310,7 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     norm_size = norm_state_size(early[0] if early else 0)
     count, mean, var, scale, ring = state[0], state[1], state[2], state[3:4], state[4:norm_size]
     in_warmup = count < warmup
-    # A zero norm (at most TINY_NORM) is judged and learnt by the loss test only (zclip_reference).
+    # A zero norm (at most TINY_NORM) is judged and learnt by the loss and lr tests only (zclip_reference).
     learns = ops.logical_and(finite, norm > TINY_NORM)
     active = ops.logical_and(learns, count >= warmup)
     std = ops.sqrt(var)
