@@ -229,13 +229,14 @@ def _early_rule(norm: Tensor, count: Tensor, ring: Tensor, z_threshold: float, e
     return zscore, spike, target, med
 
 
-def _loss_update(loss: Tensor, finite: Tensor, part: Tensor, rule: tuple) -> tuple:
+def _loss_update(loss: Tensor, counted: Tensor, part: Tensor, rule: tuple) -> tuple:
     """The loss test on device: ``(loss_spike, new_part)`` for the state's loss part ``part``
     (``[loss_count, loss_scale, ring...]``; see :mod:`gradmon.cells.zclip_reference`); ``rule`` is
-    :meth:`SpikeConfig.loss_rule`. The part moves on finite steps with a finite loss."""
+    :meth:`SpikeConfig.loss_rule`. The part moves on the steps ``counted`` (finite, a nonzero norm)
+    with a finite loss."""
     window, min_history, ratio, floor = rule
     count, scale, ring = part[0], part[1:2], part[2:]
-    ok = ops.logical_and(finite, ops.isfinite(loss))
+    ok = ops.logical_and(counted, ops.isfinite(loss))
     judged = ops.logical_and(ok, count >= min_history)
     slots = ops.cast(ops.arange(window), ms.float32)
     n = ops.minimum(count, float(window))
@@ -281,18 +282,17 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     then True); ``lr_spike`` that the learning-rate test did (``spike`` does not include it: an lr
     spike has no clip target).
     Non-finite steps leave the state unchanged; a zero norm (at most ``TINY_NORM``) moves only the
-    loss and learning-rate tests' parts. ``constants``: :func:`ema_constants` ``(alpha,
+    learning-rate test's part. ``constants``: :func:`ema_constants` ``(alpha,
     z_threshold)``, computed outside the graph (:class:`~gradmon.cells.spike_kernel.SpikeDetector`
     passes them); without them ``1 - alpha`` and ``z * z`` are Python arithmetic, which GRAPH mode
     folds in float32 and PYNATIVE in float64.
 
     ``loss`` (float32 scalar, the step's loss) and ``loss_rule`` (:meth:`SpikeConfig.loss_rule`)
     add the loss test; its part of the state, ``[loss_count, loss_scale, loss ring...]``, follows
-    the norm tests' and moves on finite steps whose loss is finite. A step it flags that the norm
-    tests do not gets the target ``min(norm, mean)`` (the norm itself while ``count`` is 0: no level
-    yet). ``lr`` (float32 scalar, the rate this step's update uses) and ``lr_rule``
-    (:meth:`SpikeConfig.lr_rule`) add the learning-rate test; its part, ``[lr_count, lr_top]``, comes
-    last.
+    the norm tests' and moves on finite steps with a nonzero norm whose loss is finite. A step it
+    flags that the norm tests do not gets the target ``min(norm, mean)``. ``lr`` (float32 scalar, the
+    rate this step's update uses) and ``lr_rule`` (:meth:`SpikeConfig.lr_rule`) add the learning-rate
+    test; its part, ``[lr_count, lr_top]``, comes last.
 
     During the EMA's warm-up the early rule judges (from its ``min_history``-th norm on): the
     ring's median and MAD of log-norms. Warm-up and EMA share one recursion,
@@ -310,7 +310,7 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     norm_size = norm_state_size(early[0] if early else 0)
     count, mean, var, scale, ring = state[0], state[1], state[2], state[3:4], state[4:norm_size]
     in_warmup = count < warmup
-    # A zero norm (at most TINY_NORM) is judged and learnt by the loss and lr tests only (zclip_reference).
+    # A zero norm (at most TINY_NORM): no test but the lr test judges or learns it (zclip_reference).
     learns = ops.logical_and(finite, norm > TINY_NORM)
     active = ops.logical_and(learns, count >= warmup)
     std = ops.sqrt(var)
@@ -337,10 +337,10 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     loss_end = norm_size + (2 + loss_rule[0] if loss_rule else 0)
     loss_part = state[norm_size:loss_end]  # the loss test's state (empty without it), unchanged unless below
     if loss_rule:
-        loss_spike, loss_part = _loss_update(loss, finite, loss_part, loss_rule)
+        loss_spike, loss_part = _loss_update(loss, learns, loss_part, loss_rule)
         # A loss-only spike is clipped to the norm's running level (never up).
-        level = ops.select(count > 0.0, ops.minimum(norm, mean), norm)  # (no level before a learnt norm)
-        target = ops.select(ops.logical_and(loss_spike, ops.logical_not(spike)), level, target)
+        target = ops.select(ops.logical_and(loss_spike, ops.logical_not(spike)), ops.minimum(norm, mean),
+                            target)
         spike = ops.logical_or(spike, loss_spike)
     weight = ops.select(in_warmup, 1.0 / (count + 1.0), ops.fill(ms.float32, (), one_minus_alpha))
     delta = target - mean

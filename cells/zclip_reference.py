@@ -3,12 +3,14 @@
 This is the specification the device code (:func:`gradmon.cells.spike.zclip_update`) is tested
 against, and a readable statement of the rule. Two tests share one state:
 
-* Only finite norms above ``TINY_NORM`` count. Non-finite steps change nothing; a zero norm (no
-  gradient at all: a frozen stretch, a batch whose loss reaches no trained weight) is neither judged
-  nor learnt by the norm tests: it says nothing of the gradient's scale, and five of them learnt at
-  a run's start would put the ring's median at log(1e-30), where every later norm is a spike
-  clipped back to about that, for good. The loss and learning-rate tests judge such a step as any
-  finite one.
+* Only finite norms above ``TINY_NORM`` count. Non-finite steps change nothing, nor do steps with a
+  zero norm (no gradient at all: a frozen stretch, a batch whose loss reaches no trained weight, or
+  whose every label is masked), which neither the norm tests nor the loss test judge or learn: such
+  a step's update has nothing to defend, its norm says nothing of the gradient's scale and its loss
+  may be a placeholder (0). Learnt, five zero norms at a run's start would put the ring's median at
+  log(1e-30), where every later norm is a spike clipped back to about that, for good; five zero
+  losses would make the first real losses loss spikes. The learning-rate test judges them as any
+  finite step (an Adam step still moves the weights).
 * **Early rule** (the EMA's warm-up, from the ``early_min``-th finite norm on): a ring keeps the
   logs of the last ``early_window`` effective norms. With ``m`` and ``mad`` the median and the
   median absolute deviation of the ring (the median of ``n`` values: the mean of the sorted
@@ -35,19 +37,18 @@ against, and a readable statement of the rule. Two tests share one state:
   rule, 0 before the early rule judges.
 
 * **Loss test** (:class:`LossRule`, with the step's loss): a ring keeps the last ``window`` finite
-  losses of finite steps (raw values, oldest first). From the ``min_history``-th on, with ``m`` their
-  median (as above) and ``scale`` the largest ``|m|`` seen so far (taken before each judged loss), a
-  step is a *loss spike* when ``loss - m > ratio * |m|`` and ``loss - m > floor * scale``: far above
-  its recent level, and not a converged run's float noise (a loss of 1e-7 that jumps 1000x is still
-  nothing against the 2.3 the run started at). Judged on every finite step with a finite loss,
-  during the warm-up too. A loss spike is a spike (``spike``; ``loss_spike`` says the loss test
-  tripped). When the norm tests do not flag it, its clip target is ``min(norm, mean)``: the norm's
-  running level (the EMA mean, or the warm-up's running mean before the EMA takes over), so
-  ``clip`` scales that step's gradients to an ordinary step's size and never up; that target is the
-  step's effective norm. Before any norm is learnt (zero norms only so far) there is no level: the
-  target is the norm (flagged, not clipped). The loss ring takes the loss as it is (the median is
-  robust to a few outliers, and a lasting shift of the loss becomes the new level after
-  ``window // 2`` steps).
+  losses of the steps counted (a finite, nonzero norm; raw values, oldest first). From the
+  ``min_history``-th on, with ``m`` their median (as above) and ``scale`` the largest ``|m|`` seen
+  so far (taken before each judged loss), a step is a *loss spike* when ``loss - m > ratio * |m|``
+  and ``loss - m > floor * scale``: far above its recent level, and not a converged run's float
+  noise (a loss of 1e-7 that jumps 1000x is still nothing against the 2.3 the run started at).
+  Judged on every counted step with a finite loss, during the warm-up too. A loss spike is a spike
+  (``spike``; ``loss_spike`` says the loss test tripped). When the norm tests do not flag it, its
+  clip target is ``min(norm, mean)``: the norm's running level (the EMA mean, or the warm-up's
+  running mean before the EMA takes over), so ``clip`` scales that step's gradients to an ordinary
+  step's size and never up; that target is the step's effective norm. The loss ring takes the loss
+  as it is (the median is robust to a few outliers, and a lasting shift of the loss becomes the new
+  level after ``window // 2`` steps).
   ``window=0`` (or no loss) turns the test off.
 
 * **Learning-rate test** (:class:`LrRule`, with the step's learning rate): the count of the steps
@@ -95,7 +96,7 @@ LOSS_FLOOR = 0.01
 LR_RATIO = 10.0
 LR_MIN = 4
 MAD_SIGMA = 1.4826
-TINY_NORM = 1e-30  # a norm at most this is a zero norm, which the norm tests do not learn (log(0) guard too)
+TINY_NORM = 1e-30  # a norm at most this is a zero norm: no test but the lr test judges its step
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ class ZClipState:
     scale: float = 0.0  # the largest ring median so far (the early rule's; a float32 value)
     warm: list[float] = field(default_factory=list)
     ring: list[np.float32] = field(default_factory=list)
-    loss_count: int = 0  # finite losses of finite steps seen (the loss test's)
+    loss_count: int = 0  # finite losses of the steps counted in ``count`` (the loss test's)
     loss_scale: float = 0.0  # the largest |median| of the loss ring so far (a float32 value)
     loss_ring: list[np.float32] = field(default_factory=list)  # the last losses, oldest first
     lr_count: int = 0  # steps with a finite learning rate > 0 seen (the lr test's)
@@ -252,16 +253,10 @@ def zclip_step(state: ZClipState, norm: float, *, warmup: int, alpha: float, z_t
 def _norm_and_loss_step(state: ZClipState, norm: float, warmup: int, alpha: float, z_threshold: float,
                         eps: float, early: EarlyRule, loss: float | None, loss_rule: LossRule) -> ZClipStep:
     """The norm tests and the loss test of :func:`zclip_step`."""
-    if not math.isfinite(norm):
+    if not (math.isfinite(norm) and norm > TINY_NORM):  # non-finite, or a zero norm
         return ZClipStep(0.0, False, norm)
     judge_loss = loss_rule.enabled and loss is not None and math.isfinite(loss)
     loss_spike = judge_loss and loss_verdict(state, float(loss), loss_rule)
-    if not norm > TINY_NORM:  # a zero norm: the loss test only
-        verdict = ZClipStep(0.0, False, norm)
-        if loss_spike:
-            verdict = _loss_flagged(verdict, norm, _level(state, warmup))
-        _learn_loss(state, loss, loss_rule, judge_loss)
-        return verdict
     floored = False
     if early.enabled and state.count >= early.min_history:
         scale = max(np.float32(state.scale), np.float32(np.exp(ring_median(state.ring))))
@@ -273,8 +268,8 @@ def _norm_and_loss_step(state: ZClipState, norm: float, warmup: int, alpha: floa
             verdict = ZClipStep(*early_verdict(state.ring, norm, z_threshold, early))
             if floored:
                 verdict = ZClipStep(verdict.zscore, False, norm)
-        if loss_spike:
-            verdict = _loss_flagged(verdict, norm, _level(state, warmup))
+        if loss_spike:  # the level: the warm-up's running mean so far (loss_count <= count, so >= 1 norm)
+            verdict = _loss_flagged(verdict, norm, sum(state.warm) / len(state.warm))
         state.warm.append(verdict.target)
         state.count += 1
         if state.count == warmup:
@@ -288,30 +283,17 @@ def _norm_and_loss_step(state: ZClipState, norm: float, warmup: int, alpha: floa
         effective = state.mean + (z_threshold * z_threshold / z) * std if spike else norm
         verdict = ZClipStep(z, spike, effective)
         if loss_spike:
-            verdict = _loss_flagged(verdict, norm, _level(state, warmup))
+            verdict = _loss_flagged(verdict, norm, state.mean)
         state.count += 1
         state.mean = alpha * state.mean + (1.0 - alpha) * verdict.target
         state.var = alpha * state.var + (1.0 - alpha) * (verdict.target - state.mean) ** 2
     if early.enabled:
         logged = np.float32(np.log(np.float32(max(verdict.target, TINY_NORM))))
         state.ring = [*state.ring, logged][-early.window:]
-    _learn_loss(state, loss, loss_rule, judge_loss)
-    return verdict
-
-
-def _level(state: ZClipState, warmup: int) -> float:
-    """The norm's running level before this step: the EMA's mean, or during the warm-up the running
-    mean of its effective norms so far; none (inf: a loss spike is then not clipped) before any."""
-    if state.count >= warmup:
-        return state.mean
-    return sum(state.warm) / len(state.warm) if state.warm else math.inf
-
-
-def _learn_loss(state: ZClipState, loss: float | None, rule: LossRule, judged: bool) -> None:
-    """Add a judged loss to the loss test's ring."""
-    if judged:
+    if judge_loss:
         state.loss_count += 1
-        state.loss_ring = [*state.loss_ring, np.float32(loss)][-rule.window:]
+        state.loss_ring = [*state.loss_ring, np.float32(loss)][-loss_rule.window:]
+    return verdict
 
 
 def _loss_flagged(verdict: ZClipStep, norm: float, level: float) -> ZClipStep:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from gradmon.cells import MonitoredTrainStep, SpikeConfig
 from gradmon.cells.zclip_reference import zclip_run
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 
 from examples.models import MLP, with_loss
 from tests import parity_util
@@ -92,37 +92,38 @@ def test_early_rule_off_lets_the_early_fault_through(mode):
     assert step.spike_state.shape == (3,)
 
 
-class _Frozen(nn.Cell):
-    """The loss, whose gradients are all zero on the steps ``frozen`` says (a frozen stretch: the
-    loss is reported as it is, nothing is learnt from it)."""
+class _Masked(nn.Cell):
+    """The loss of the batch's labels that ``keep`` keeps (1: all, 0: none): a batch whose every
+    label is masked has a loss of 0 and gradients all zero."""
 
     def __init__(self, net_with_loss: nn.Cell) -> None:
         super().__init__(auto_prefix=False)
         self.net_with_loss = net_with_loss
 
-    def construct(self, x, y, frozen):
-        loss = self.net_with_loss(x, y)
-        return frozen * ops.stop_gradient(loss) + (1.0 - frozen) * loss
+    def construct(self, x, y, keep):
+        return self.net_with_loss(x, y) * keep
 
 
-def test_zero_norms_at_the_start_are_not_learnt(mode):
+def test_masked_batches_at_the_start_are_not_learnt(mode):
     # Five zero norms learnt at a run's start put the early ring's median at log(1e-30): every later
-    # norm was then an early spike clipped to ~1e-30, and after the warm-up a ZClip spike, for good.
+    # norm was then an early spike clipped to ~1e-30, and after the warm-up a ZClip spike, for good;
+    # their zero losses made the first real losses loss spikes.
     import mindspore as ms
 
     zeros, steps = 6, 20
     ms.set_seed(0)
     net = MLP(hidden=24)
-    step = MonitoredTrainStep(_Frozen(with_loss(net)), nn.SGD(net.trainable_params(), LR), spike_mode="clip")
+    step = MonitoredTrainStep(_Masked(with_loss(net)), nn.SGD(net.trainable_params(), LR), spike_mode="clip")
     applied = []
     for seed in range(steps):
         before = _weights(net)
         x, y = _batch(seed)
-        step(x, y, Tensor(np.float32(1.0 if seed < zeros else 0.0)))
+        step(x, y, Tensor(np.float32(0.0 if seed < zeros else 1.0)))
         applied.append(np.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(_weights(net), before))) / LR)
     snap = step.gradmon_read_history()
     norms = snap.column("grad_norm")
     assert norms[:zeros].tolist() == [0.0] * zeros and (norms[zeros:] > 0.1).all()
+    assert snap.column("loss")[:zeros].tolist() == [0.0] * zeros
     config = step.options.spike
     ref, state = zclip_run(norms.tolist(), warmup=config.warmup, alpha=config.alpha,
                            z_threshold=config.z_threshold, early=config.reference_rule(),

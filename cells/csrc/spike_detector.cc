@@ -166,7 +166,7 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
   // ZClip after the warm-up, with the statistics before this step.
   const float z = p[kParamZ];
   const bool in_warmup = count < p[kParamWarmup];
-  // A zero norm (at most tiny) is judged and learnt by the loss and lr tests only (zclip_reference).
+  // A zero norm (at most tiny): no test but the lr test judges or learns its step (zclip_reference).
   const bool learns = finite && norm > p[kParamTiny];
   const bool active = learns && !in_warmup;
   const float sd = std::sqrt(var);
@@ -207,9 +207,9 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
     }
   }
 
-  // The loss test, on finite steps with a finite loss, from the loss_min-th such loss on.
+  // The loss test, on finite steps with a nonzero norm and a finite loss, from the loss_min-th such loss on.
   bool loss_spike = false;
-  const bool loss_ok = loss_window > 0 && finite && std::isfinite(loss);
+  const bool loss_ok = loss_window > 0 && learns && std::isfinite(loss);
   const float loss_count = loss_window > 0 ? state[norm_size] : 0.0f;
   float loss_scale = loss_window > 0 ? state[norm_size + 1] : 0.0f;
   if (loss_ok && loss_count >= p[kParamLossMin]) {
@@ -219,8 +219,7 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
     loss_scale = Max(loss_scale, size_med);
     const float dev = loss - med;
     loss_spike = dev > p[kParamLossRatio] * size_med && dev > p[kParamLossFloor] * loss_scale;
-    // clipped to the norm's running level (none before a learnt norm: not clipped)
-    if (loss_spike && !spike) target = count > 0.0f ? Min(norm, mean) : norm;
+    if (loss_spike && !spike) target = Min(norm, mean);  // clipped to the norm's running level
     spike = spike || loss_spike;
   }
 
