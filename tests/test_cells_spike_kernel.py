@@ -158,7 +158,7 @@ def test_kernel_matches_the_reference(name):
     expected_flags = {"zclip": [6, 7, 15, 20, 21, 39, 40, 41], "early": [6, 15, 20, 40],
                       "floor": [6, 38, 40]}[name]
     assert np.flatnonzero(spike).tolist() == expected_flags  # the series tests what it says
-    assert zscore[ZERO_STEP] == 0.0 and target[ZERO_STEP] == 0.0  # a zero norm: not judged by the norm tests
+    assert zscore[ZERO_STEP] == 0.0 and target[ZERO_STEP] == 0.0  # a zero norm: judged by the lr test only
     assert ref_state.count == sum(bool(np.isfinite(n) and n > 0) for n in norms)  # nor learnt
     loss_step = LOSS_SPIKE_STEP[name]
     assert np.flatnonzero(loss_spike).tolist() == [loss_step]  # "floor"'s steps 15 and 35 are spared
