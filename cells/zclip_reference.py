@@ -253,7 +253,7 @@ def zclip_step(state: ZClipState, norm: float, *, warmup: int, alpha: float, z_t
 def _norm_and_loss_step(state: ZClipState, norm: float, warmup: int, alpha: float, z_threshold: float,
                         eps: float, early: EarlyRule, loss: float | None, loss_rule: LossRule) -> ZClipStep:
     """The norm tests and the loss test of :func:`zclip_step`."""
-    if not (math.isfinite(norm) and norm > TINY_NORM):  # non-finite, or a zero norm
+    if not (math.isfinite(norm) and np.float32(norm) > np.float32(TINY_NORM)):  # non-finite, or a zero norm
         return ZClipStep(0.0, False, norm)
     judge_loss = loss_rule.enabled and loss is not None and math.isfinite(loss)
     loss_spike = judge_loss and loss_verdict(state, float(loss), loss_rule)

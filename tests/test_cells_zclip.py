@@ -213,6 +213,19 @@ def _device_run(norms, warmup, alpha, z_thr, config: SpikeConfig | None = None, 
     return out, (int(count), mean, var, values[3:4], values[4:end], values[end:lr_start], values[lr_start:])
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_device_zero_norm_boundary_matches_reference(impl):
+    # TINY_NORM in float32 is a zero norm; the next float32 up is counted, on device and in the reference.
+    tiny = np.float32(TINY_NORM)
+    config = SpikeConfig(mode="detect", warmup=4, early_min=2, loss_window=0, lr_ratio=0)
+    for norm, counted in ((tiny, 0), (np.nextafter(tiny, np.float32(1.0)), 1), (np.float32(0.0), 0)):
+        norms = [1.0, 2.0, float(norm)]
+        _, (count, *_rest) = _device_run(norms, config.warmup, config.alpha, config.z_threshold, config, impl)
+        _, state = zclip_run(norms, warmup=config.warmup, alpha=config.alpha, z_threshold=config.z_threshold,
+                             early=config.reference_rule())
+        assert count == state.count == 2 + counted
+
+
 norm_values = st.one_of(
     st.floats(0.0625, 20.0, allow_nan=False, allow_infinity=False, width=32),
     st.sampled_from([math.nan, math.inf, 500.0]),
