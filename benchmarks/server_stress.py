@@ -57,7 +57,8 @@ def _rss_mb(pid: int) -> float:
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
-_BLOCK_KEYS = ("p50_ms", "p99_ms", "max_ms", "received", "written", "server_cpu_percent", "error")
+_LATENCY_KEYS = ("p50_ms", "p99_ms", "max_ms")
+_BLOCK_KEYS = (*_LATENCY_KEYS, "received", "written", "server_cpu_percent", "error")
 
 
 def _block(srv: dict[str, Any], writer: Any, step: int, settings: dict[str, Any], tmp: str,
@@ -82,13 +83,11 @@ def _indexing_block(srv: dict[str, Any], writer: Any, step: int, settings: dict[
     indexed = (case.pop("indexed_at", None) or {}).get(name)
     cut = indexed if indexed is not None else float("inf")
     during = [latency for wts, latency in samples if wts < cut]
-    out = {k: case.get(k) for k in _BLOCK_KEYS if k in case}
-    out["block_p99_ms"] = out.pop("p99_ms", None)  # (the whole block's, idle polls after the index included)
-    for k in ("p50_ms", "max_ms"):
-        out.pop(k, None)
+    out = {k: case[k] for k in _BLOCK_KEYS if k in case and k not in _LATENCY_KEYS}
+    out["block_p99_ms"] = case.get("p99_ms")  # (the whole block's, idle polls after the index included)
     if during:  # (none: the run was indexed before the first record was written, as a small one is)
         summary = latency_summary(during)
-        out.update({k: summary[k] for k in ("p50_ms", "p99_ms", "max_ms")})
+        out.update({k: summary[k] for k in _LATENCY_KEYS})
     out["while_indexing"] = len(during)
     out["after_index"] = len(samples) - len(during)
     out["indexed_s"] = round(indexed - started, 2) if indexed is not None else None
