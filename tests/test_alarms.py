@@ -12,7 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradmon.logformat.alarms import AlarmConfig, AlarmRule, RunningBaseline, is_overflow
+from gradmon.logformat.alarms import (
+    ZERO_NORM,
+    AlarmConfig,
+    AlarmRule,
+    RunningBaseline,
+    is_overflow,
+    is_zero_norm,
+)
 from gradmon.logformat.jsonl import decode_line, encode_record
 from gradmon.logformat.schema import ALARM_KINDS, ALARM_REASONS
 
@@ -175,6 +182,50 @@ def test_negative_losses_are_judged_by_their_jump():
     assert alarms(run(steps([1.0] * 100, losses))) == []
     losses[80] = 1.0
     assert [a["reason"] for a in alarms(run(steps([1.0] * 100, losses)))] == ["loss_spike"]
+
+
+@pytest.mark.parametrize("masked", [20, 30, 60, 500])
+def test_masked_batches_at_the_start_are_not_learnt(masked):
+    # Twenty steps with no gradient and a placeholder loss of 0 (every label masked) made the loss
+    # median 0: the first real loss was then a loss_spike ("2.3 above its running median 0").
+    rng = np.random.default_rng(masked)
+    losses = [0.0] * masked + list(2.3 + 0.05 * rng.standard_normal(300))
+    norms = [0.0] * masked + list(noisy(300, seed=masked))
+    rule = AlarmRule()
+    events = [e for r in steps(norms, losses) for e in rule.update(r)]
+    assert events == []
+    assert (rule.norms.seen, rule.losses.seen) == (300, 300)
+    assert rule.losses.median() == pytest.approx(2.3, abs=0.05) and rule.loss_scale > 2
+    # ... and the rule still sees a real fault after them
+    losses[masked + 200], norms[masked + 280] = 40.0, 200.0
+    assert [(a["step"], a["reason"]) for a in alarms(run(steps(norms, losses)))] == [
+        (masked + 201, "loss_spike"), (masked + 281, "grad_norm_spike")]
+
+
+def test_zero_norm_steps_are_judged_for_nonfinite_only_and_learnt_by_neither_series():
+    norms, losses = list(noisy(100)), [2.0] * 100
+    for i in range(40, 60):  # a stretch with no gradient: its losses are 0, or huge
+        norms[i], losses[i] = (0.0, 0.0) if i % 2 else (1e-31, 50.0)
+    rule = AlarmRule()
+    assert [e for r in steps(norms, losses) for e in rule.update(r)] == []
+    assert (rule.norms.seen, rule.losses.seen) == (80, 80)
+    assert rule.losses.median() == 2.0
+    losses[50] = math.nan  # its loss is still judged for being finite
+    [alarm] = alarms(run(steps(norms, losses)))
+    assert (alarm["step"], alarm["reason"], alarm["field"]) == (51, "nonfinite", "loss")
+
+
+def test_zero_norm_bound():
+    rule = AlarmRule()
+    for r in steps([1.0] * 30, [1.0] * 30):
+        rule.update(r)
+    above = math.nextafter(ZERO_NORM, 1)
+    for step, norm, learnt in ((31, ZERO_NORM, False), (32, -0.0, False), (33, above, True)):
+        before = rule.losses.seen
+        rule.update({"type": "step", "step": step, "loss": 1.0, "grad_norm": norm})
+        assert (rule.losses.seen - before == 1) is learnt, (norm, learnt)
+    assert is_zero_norm(0.0) and not is_zero_norm(None) and not is_zero_norm(math.nan)
+    assert not is_zero_norm(-1.0)
 
 
 def test_abort_opens_an_incident_or_joins_the_open_one():

@@ -19,6 +19,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from mindspore import Tensor
 
+from gradmon.logformat.alarms import ZERO_NORM
+
 # ------------------------------------------------------------------------------ reference itself
 
 
@@ -124,6 +126,11 @@ def test_reference_ignores_non_finite():
     for v in (1.0, 2.0, math.nan, math.inf):
         zclip_step(state, v, warmup=3, alpha=0.9, z_threshold=2.0)
     assert state.count == 2 and state.warm == [1.0, 2.0]
+
+
+def test_the_alarm_rule_takes_the_detectors_zero_norms():
+    # The host's alarm rule leaves out the steps the detector does not learn (logformat/alarms.py).
+    assert ZERO_NORM == TINY_NORM
 
 
 def test_reference_does_not_learn_zero_norms():

@@ -155,6 +155,42 @@ def test_hand_written_loop_rolls_back(tmp_path):
     assert second[0]["initial_step"] == 10 and next(r["step"] for r in second if r["type"] == "step") == 11
 
 
+class _Masked(nn.Cell):
+    """The loss times ``keep``: a batch whose every label is masked (``keep`` 0) has a loss of 0 and
+    gradients all zero."""
+
+    def __init__(self, net_with_loss: nn.Cell) -> None:
+        super().__init__(auto_prefix=False)
+        self.net_with_loss = net_with_loss
+
+    def construct(self, x, y, keep):
+        return self.net_with_loss(x, y) * keep
+
+
+def test_masked_batches_at_the_start_neither_alarm_nor_roll_back(tmp_path):
+    # 25 steps with no gradient and a loss of 0: the alarm rule took the first real loss for a
+    # loss_spike, and recovery rolled the run back for it, five times (the snapshot after step 25
+    # held the same rule), then gave up and aborted the run.
+    masked, steps = 25, 45
+    net = mlp()
+    cell = MonitoredTrainStep(_Masked(with_loss(net)), nn.Adam(net.trainable_params(), 1e-3), history_size=32)
+    x, y = stream(steps)
+    log = tmp_path / "metrics.jsonl"
+    monitor = LiveMonitor(log, log_interval=1, recovery={"every": 5, "skip_batches": 0}).attach(cell)
+    with monitor:
+        for i in range(steps):
+            batch = slice(i * BATCH, (i + 1) * BATCH)
+            keep = Tensor(np.float32(0.0 if i < masked else 1.0))
+            monitor.after_step(cell(Tensor(x[batch]), Tensor(y[batch]), keep))
+    assert monitor.rollbacks == 0 and not monitor.should_stop and finite(net)
+    [segment] = segments(log)
+    assert [r for r in segment if r["type"] == "event" and r["kind"] in ("alarm", "rollback")] == []
+    logged = [r for r in segment if r["type"] == "step"]
+    assert [r["step"] for r in logged] == list(range(1, steps + 1))
+    assert all(r["loss"] == 0.0 and r["grad_norm"] == 0.0 for r in logged[:masked])
+    assert all(r["loss"] > 1.0 and r["grad_norm"] > 0.01 for r in logged[masked:])
+
+
 def test_the_cap_ends_in_an_abort_with_its_message(tmp_path):
     net, cell = undefended_cell()
     log = tmp_path / "metrics.jsonl"

@@ -28,7 +28,7 @@ from gradmon.server.app import start_server
 from gradmon.server.history import HistoryOptions
 from gradmon.server.pyramid import STORED_LEVELS
 from gradmon.server.runs import Run
-from gradmon.server.sidecar import sidecar_dir
+from gradmon.server.sidecar import FORMAT, sidecar_dir
 
 REPO = Path(__file__).resolve().parent.parent
 QUERIES = [(None, None, 2000), (None, None, 40), (None, None, 8), (50, 700, 400), (300, 1200, 40),
@@ -201,7 +201,7 @@ def test_a_truncated_log_rebuilds_the_sidecar(log: Path):
 
 
 @pytest.mark.parametrize("damage", ["state_payload", "state_header", "column_short", "state_gone",
-                                    "dir_file", "level_short", "level_name"])
+                                    "dir_file", "level_short", "level_name", "older_format"])
 def test_a_damaged_sidecar_is_rebuilt_with_nothing_lost(log: Path, damage: str):
     side = Path(sidecar_dir(str(log)))
     state = side / "state"
@@ -224,6 +224,11 @@ def test_a_damaged_sidecar_is_rebuilt_with_nothing_lost(log: Path, damage: str):
         victim.write_bytes(b"keep me")
         fields["files"] = {**fields["files"], "../victim": 0}
         state.write_bytes(json.dumps(fields).encode() + b"\n" + payload)
+    elif damage == "older_format":  # an older server's sidecar, intact (FORMAT: what changed since)
+        head, payload = state.read_bytes().split(b"\n", 1)
+        fields = json.loads(head)
+        assert fields["format"] == FORMAT
+        state.write_bytes(json.dumps({**fields, "format": FORMAT - 1}).encode() + b"\n" + payload)
     elif damage == "state_gone":
         state.unlink()
     else:  # something that is not a sidecar directory where it would be: from memory

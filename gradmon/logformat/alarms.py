@@ -28,6 +28,11 @@ A step is *flagged* for
   a loss of 1e-7 that triples is not an incident in a run that started at 2.3;
 - ``abort``: an ``abort`` event arrives (the abort policy stopped the run).
 
+A step whose gradient norm is zero (at most ``ZERO_NORM``: a frozen stretch, a batch whose every
+label is masked) is judged by the ``nonfinite`` test only and learnt by neither series: it has no
+gradient to defend, and its loss is often a placeholder 0 (twenty of them made the first real loss
+a ``loss_spike``). The step cell's detector treats it alike (``cells/zclip_reference.py``).
+
 Spike rules judge a series after ``min_history`` finite values. An *incident* opens at the first
 flagged step (an ``alarm`` event) and closes once ``quiet_steps`` steps have passed without a flag,
 or when the run ends (an ``alarm_end`` event: the incident's last flagged step and its count).
@@ -55,7 +60,11 @@ from typing import Any
 
 from gradmon.logformat.schema import ALARM_REASONS
 
-__all__ = ["ALARM_REASONS", "AlarmConfig", "AlarmRule", "RunningBaseline", "Verdict", "is_overflow"]
+__all__ = ["ALARM_REASONS", "ZERO_NORM", "AlarmConfig", "AlarmRule", "RunningBaseline", "Verdict",
+           "is_overflow", "is_zero_norm"]
+
+# A gradient norm at most this is zero (the step cell's ``TINY_NORM``): see the module's docstring.
+ZERO_NORM = 1e-30
 
 
 @dataclass(frozen=True)
@@ -179,6 +188,12 @@ def _norm_bad(record: Mapping[str, Any], norm: float | None) -> bool:
     return not math.isfinite(norm)
 
 
+def is_zero_norm(norm: float | None) -> bool:
+    """Whether a step's gradient norm (a number, or ``None`` when absent) is zero: in
+    ``[0, ZERO_NORM]``."""
+    return norm is not None and 0.0 <= norm <= ZERO_NORM
+
+
 def is_overflow(record: Mapping[str, Any]) -> bool:
     """A loss-scale overflow: a loss-scaled step (``loss_scale`` present, or an ``overflow``
     flag) whose gradient norm is non-finite (or absent with the ``nonfinite`` flag) while its loss
@@ -293,7 +308,8 @@ class AlarmRule:
 
     def loss_verdict(self, record: Mapping[str, Any]) -> Verdict | None:
         loss = _number(record.get("loss"))
-        if loss is None or not math.isfinite(loss) or len(self.losses) < self.config.min_history:
+        if loss is None or not math.isfinite(loss) or len(self.losses) < self.config.min_history \
+                or is_zero_norm(_number(record.get("grad_norm"))):
             return None
         median = self.losses.median()
         height = self.losses.envelope() - median
@@ -308,12 +324,15 @@ class AlarmRule:
         return None
 
     def _learn(self, record: Mapping[str, Any], flagged: bool) -> None:
-        """Take the step into the baselines (after it was judged)."""
+        """Take the step into the baselines (after it was judged); a zero-norm step into neither
+        (its loss scale still counts as used by a finite step)."""
         loss, norm = _number(record.get("loss")), _number(record.get("grad_norm"))
+        zero = is_zero_norm(norm)
         if norm is not None and math.isfinite(norm):
-            self.norms.add(norm, flagged)
-            if self.is_scale_sample(self.norms.seen):
-                self.norm_scale = max(self.norm_scale, self.norms.median())
+            if not zero:
+                self.norms.add(norm, flagged)
+                if self.is_scale_sample(self.norms.seen):
+                    self.norm_scale = max(self.norm_scale, self.norms.median())
             scale = _number(record.get("loss_scale"))
             if scale is not None:
                 same = self._scale_run is not None and self._scale_run[0] == scale
@@ -321,7 +340,7 @@ class AlarmRule:
                 self._scale_run = (scale, count)
                 if count >= self.config.overflow_proven_steps:
                     self._proven_scale = scale
-        if loss is not None and math.isfinite(loss):
+        if loss is not None and math.isfinite(loss) and not zero:
             self.losses.add(loss, flagged)
             if self.is_scale_sample(self.losses.seen):
                 self.loss_scale = max(self.loss_scale, abs(self.losses.median()))

@@ -16,7 +16,7 @@ stretch of records at once, with C builtins, from two facts of the rule (docs/fo
 
 So a chunk is screened with ``accumulate(max)`` and a few ``map`` calls; the first record that is
 not proven quiet (a *candidate*), and every record that is not plain (a non-finite or non-numeric
-value, a ``nonfinite`` flag without a norm, steps that do not increase), goes through
+value, a zero norm, a ``nonfinite`` flag without a norm, steps that do not increase), goes through
 ``AlarmRule.update`` itself, which then judges it against the exact median and envelope. The
 baselines are :class:`WindowBaseline`: a plain window that appends in O(1) (a C ``deque.extend`` for
 a stretch) and computes its median and envelope only when asked. Equivalence with the plain rule
@@ -35,7 +35,7 @@ from itertools import accumulate, chain, compress, count, islice, repeat
 from operator import gt, mul, sub
 from typing import Any, Optional
 
-from gradmon.logformat.alarms import AlarmConfig, AlarmRule
+from gradmon.logformat.alarms import ZERO_NORM, AlarmConfig, AlarmRule, is_zero_norm
 from gradmon.server.native import scanner as _native_scanner
 from gradmon.server.parse import KeyColumns
 from gradmon.server.values import number
@@ -196,15 +196,17 @@ class BatchAlarmRule(AlarmRule):
         # (None in a column of floats is found by its types: ``in`` compares every float with None)
         sparse = (_NONE in loss_types, _NONE in norm_types)
         odd = {*odd_losses, *odd_norms, *(_flag_without_norm(columns, norms) if sparse[1] else ())}
+        # Zero norms with a finite loss (or none): nothing judges or learns them but the loss scale.
+        zeros = set(_zero_norms(columns, norms, norm_types)).difference(odd)
         # (the compiled scanner's float64 columns: the quiet-chunk screen's maxima in one C call)
         floats = (columns.floats("loss"), columns.floats("grad_norm")) if not any(sparse) else None
-        lo = 0
-        for i in [*sorted(odd), len(records)]:
-            if i > lo:
-                self._plain(records, steps, cols, lo, i, out, sparse, floats)
-            if i < len(records):
-                self._one_by_one(records, i, i + 1, out)
-            lo = i + 1
+        for lo, hi, kind in _stretches(len(records), odd, zeros):
+            if kind == _PLAIN:
+                self._plain(records, steps, cols, lo, hi, out, sparse, floats)
+            elif kind == _ODD:
+                self._one_by_one(records, lo, hi, out)
+            else:
+                self._learn_zero_norms(steps, cols[2], lo, hi, out)
         return out
 
     def _one_by_one(self, records: Sequence[dict[str, Any]], lo: int, hi: int,
@@ -334,6 +336,14 @@ class BatchAlarmRule(AlarmRule):
             self._extend_sampled(self.loss_window, _before(loss, hi - lo), loss=True)
         self._last_step = steps[hi - 1]
 
+    def _learn_zero_norms(self, steps: list[int], scales: list[Any] | None, lo: int, hi: int,
+                          out: list[tuple[int, dict[str, Any]]]) -> None:
+        """Records ``[lo, hi)``, each with a zero norm and a finite loss or none: what the parent's
+        ``update`` does for each (close an incident that went quiet, count its loss scale), in bulk."""
+        self._learn_quiet(steps, _NOTHING, _NOTHING, None, lo, hi, out)
+        if scales is not None:
+            self._learn_scales(scales[lo:hi])
+
     def _extend_sampled(self, window: WindowBaseline, values: list[float], loss: bool) -> None:
         """Append unflagged values of one series in bulk, stopping at each count where the
         parent's ``_learn`` samples the running median for the run's scale (``is_scale_sample``:
@@ -390,6 +400,30 @@ _Columns = tuple[list[Any], list[Any], Optional[list[Any]]]
 _Present = tuple[Optional[list[int]], list[float]]
 
 
+_NOTHING: _Present = (None, [])
+# The kinds of stretch of a batch (``_stretches``).
+_PLAIN, _ODD, _ZERO = "plain", "odd", "zero"
+
+
+def _stretches(n: int, odd: set[int], zeros: set[int]) -> list[tuple[int, int, str]]:
+    """Records ``[0, n)`` as consecutive ``(lo, hi, kind)`` stretches: each position of ``odd``
+    alone (``_ODD``), each run of consecutive positions of ``zeros`` (``_ZERO``; none in
+    ``odd``), and the plain records between them (``_PLAIN``)."""
+    out: list[tuple[int, int, str]] = []
+    lo = 0
+    for i in sorted(odd | zeros):
+        if i in zeros and out and out[-1][2] == _ZERO and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1, _ZERO)
+        else:
+            if i > lo:
+                out.append((lo, i, _PLAIN))
+            out.append((i, i + 1, _ZERO if i in zeros else _ODD))
+        lo = i + 1
+    if lo < n:
+        out.append((lo, n, _PLAIN))
+    return out
+
+
 def _column(values: list[Any], types: set[type]) -> tuple[list[Any], list[int]]:
     """A field's values (``values``: ``None`` where absent, not changed here; ``types``: theirs;
     integers as floats, as the rule takes them), and the positions of values that are neither
@@ -411,6 +445,18 @@ def _column(values: list[Any], types: set[type]) -> tuple[list[Any], list[int]]:
         except OverflowError:
             pass
     return values, [i for i, v in enumerate(values) if v is not None and not _finite_number(v)]
+
+
+def _zero_norms(columns: KeyColumns, norms: list[Any], types: set[type]) -> list[int]:
+    """Positions of the records whose norm is zero (``alarms.is_zero_norm``; ``norms``: as
+    :func:`_column` gives them): one pass in C over the scanner's float64 column, else a ``min``."""
+    native = _native_scanner()
+    floats = columns.floats("grad_norm") if native is not None else None
+    if floats is not None:
+        return native.rows_in(floats, 0.0, ZERO_NORM)  # type: ignore[union-attr]
+    if types == _FLOAT and min(norms, default=_INF) > ZERO_NORM:
+        return []
+    return [i for i, v in enumerate(norms) if _finite_number(v) and is_zero_norm(v)]
 
 
 def _kth_of_both(k: int, a: Sequence[float], b: Sequence[float]) -> float:

@@ -57,8 +57,9 @@ __all__ = ["FORMAT", "ColumnsRef", "Sidecar", "read_rows", "sidecar_dir", "unwri
 log = logging.getLogger("gradmon.server")
 
 # 2: the four finest pyramid levels in lvl.* files (levelfiles.py); 3: a bucket's summary leaves a
-# NaN in its middle out of its count and ends (pyramid.column_summary), so older levels are rebuilt
-FORMAT = 3
+# NaN in its middle out of its count and ends (pyramid.column_summary), so older levels are rebuilt;
+# 4: the alarm rule learns no zero-norm step (logformat/alarms.py), so older derived alarms are rederived
+FORMAT = 4
 _HASHED = 65_536  # bytes of the log hashed at each end of the checkpointed part
 _ROW_FILES = (("offset", "q"), ("step", "q"), ("flags", "B"))
 _LITTLE = sys.byteorder == "little"

@@ -1515,6 +1515,30 @@ static PyObject *increasing(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(i >= n);
 }
 
+/* rows_in(floats, lo, hi): the rows of a buffer of float64s whose value is in [lo, hi] (never a
+ * NaN: a row without a number, columns.MISSING_BITS, is none). The alarm rule's zero norms
+ * (alarmrule.BatchAlarmRule.update_steps): a batch has none, looked for in one pass. */
+static PyObject *rows_in(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer buf;
+    double lo, hi;
+    if (!PyArg_ParseTuple(args, "y*dd", &buf, &lo, &hi))
+        return NULL;
+    const double *v = (const double *)buf.buf;
+    Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(double);
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        if (v[i] >= lo && v[i] <= hi) {
+            PyObject *at = PyLong_FromSsize_t(i);
+            if (at == NULL || PyList_Append(out, at) < 0)
+                Py_CLEAR(out);
+            Py_XDECREF(at);
+        }
+    }
+    PyBuffer_Release(&buf);
+    return out;
+}
+
 /* rows_of_columns(columns, sizes, rows): rows [0, rows) of columns (buffers of 4-byte unsigned or
  * 8-byte items, sizes[i] each) interleaved into rows of 8-byte items, a 4-byte one widened: on a
  * little-endian machine, the bytes struct.pack("<qq...") of each row gives for ints and doubles
@@ -1693,6 +1717,7 @@ static PyMethodDef methods[] = {
     {"chunk_maxima", chunk_maxima, METH_VARARGS,
      "chunk_maxima(floats, lo, hi, chunk) -> [the largest float64 of each chunk of rows [lo, hi)]"},
     {"increasing", increasing, METH_O, "increasing(floats) -> whether the float64s increase strictly"},
+    {"rows_in", rows_in, METH_VARARGS, "rows_in(floats, lo, hi) -> [the rows whose float64 is in [lo, hi]]"},
     {"rows_of_columns", rows_of_columns, METH_VARARGS,
      "rows_of_columns(columns, sizes, rows) -> the rows of 8-byte items (4-byte ones widened), as bytes"},
     {"split_lines", split_lines, METH_VARARGS,
