@@ -8,6 +8,7 @@ import numpy as np
 from gradmon.cells import MonitoredTrainStep, SpikeConfig
 from gradmon.cells.zclip_reference import zclip_run
 from mindspore import Tensor, nn
+from train_util import MaskedLoss
 
 from examples.models import MLP, with_loss
 from tests import parity_util
@@ -92,18 +93,6 @@ def test_early_rule_off_lets_the_early_fault_through(mode):
     assert step.spike_state.shape == (3,)
 
 
-class _Masked(nn.Cell):
-    """The loss of the batch's labels that ``keep`` keeps (1: all, 0: none): a batch whose every
-    label is masked has a loss of 0 and gradients all zero."""
-
-    def __init__(self, net_with_loss: nn.Cell) -> None:
-        super().__init__(auto_prefix=False)
-        self.net_with_loss = net_with_loss
-
-    def construct(self, x, y, keep):
-        return self.net_with_loss(x, y) * keep
-
-
 def test_masked_batches_at_the_start_are_not_learnt(mode):
     # Five zero norms learnt at a run's start put the early ring's median at log(1e-30): every later
     # norm was then an early spike clipped to ~1e-30, and after the warm-up a ZClip spike, for good;
@@ -113,7 +102,8 @@ def test_masked_batches_at_the_start_are_not_learnt(mode):
     zeros, steps = 6, 20
     ms.set_seed(0)
     net = MLP(hidden=24)
-    step = MonitoredTrainStep(_Masked(with_loss(net)), nn.SGD(net.trainable_params(), LR), spike_mode="clip")
+    step = MonitoredTrainStep(MaskedLoss(with_loss(net)), nn.SGD(net.trainable_params(), LR),
+                              spike_mode="clip")
     applied = []
     for seed in range(steps):
         before = _weights(net)

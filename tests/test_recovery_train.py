@@ -14,7 +14,7 @@ from mindspore import Tensor, nn
 from mindspore import dataset as ds
 from mindspore.train import Model
 from server_helpers import get_json, wait_for
-from train_util import BATCH, IN_DIM, mlp, records, segments, use_graph_mode
+from train_util import BATCH, IN_DIM, MaskedLoss, mlp, records, segments, use_graph_mode
 
 from examples.models import with_loss
 from gradmon.monitor.callback import LiveMonitor
@@ -155,25 +155,14 @@ def test_hand_written_loop_rolls_back(tmp_path):
     assert second[0]["initial_step"] == 10 and next(r["step"] for r in second if r["type"] == "step") == 11
 
 
-class _Masked(nn.Cell):
-    """The loss times ``keep``: a batch whose every label is masked (``keep`` 0) has a loss of 0 and
-    gradients all zero."""
-
-    def __init__(self, net_with_loss: nn.Cell) -> None:
-        super().__init__(auto_prefix=False)
-        self.net_with_loss = net_with_loss
-
-    def construct(self, x, y, keep):
-        return self.net_with_loss(x, y) * keep
-
-
 def test_masked_batches_at_the_start_neither_alarm_nor_roll_back(tmp_path):
     # 25 steps with no gradient and a loss of 0: the alarm rule took the first real loss for a
     # loss_spike, and recovery rolled the run back for it, five times (the snapshot after step 25
     # held the same rule), then gave up and aborted the run.
     masked, steps = 25, 45
     net = mlp()
-    cell = MonitoredTrainStep(_Masked(with_loss(net)), nn.Adam(net.trainable_params(), 1e-3), history_size=32)
+    cell = MonitoredTrainStep(MaskedLoss(with_loss(net)), nn.Adam(net.trainable_params(), 1e-3),
+                              history_size=32)
     x, y = stream(steps)
     log = tmp_path / "metrics.jsonl"
     monitor = LiveMonitor(log, log_interval=1, recovery={"every": 5, "skip_batches": 0}).attach(cell)

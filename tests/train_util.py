@@ -40,6 +40,18 @@ def mlp() -> nn.Cell:
     return MLP(in_dim=IN_DIM, hidden=32)
 
 
+class MaskedLoss(nn.Cell):
+    """The loss of the batch's labels that ``keep`` keeps (1: all, 0: none): a batch whose every
+    label is masked has a loss of 0 and gradients all zero."""
+
+    def __init__(self, net_with_loss: nn.Cell) -> None:
+        super().__init__(auto_prefix=False)
+        self.net_with_loss = net_with_loss
+
+    def construct(self, x, y, keep):
+        return self.net_with_loss(x, y) * keep
+
+
 class NanAwareLoss(nn.Cell):
     """Cross-entropy plus ``0 * mean(x)``: a NaN input makes the loss NaN (ReLU would hide it)."""
 
