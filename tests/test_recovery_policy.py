@@ -155,6 +155,21 @@ def test_loss_rise_names_where_the_rise_began_and_comes_back_with_the_snapshot()
     assert policy.trigger is None
 
 
+@pytest.mark.parametrize("masked", [50, 60, 150])
+def test_loss_rise_leaves_out_steps_with_no_gradient(masked):
+    # Masked batches (loss 0, norm 0) at the start: once the window held as many real losses as
+    # zeros, its median was half the real level, and the real losses read as a 2x rise.
+    from gradmon.monitor.recovery import LossRise
+
+    rule = LossRise()
+    fired = [s for s in range(1, masked + 300)
+             if rule(step(s, loss=0.0, grad_norm=0.0) if s <= masked else step(s, loss=2.3 + 0.01 * (s % 5)))]
+    assert fired == []
+    assert rule(step(masked + 300, loss=2.3, grad_norm=1e-31)) is None  # (a zero norm: not even looked at)
+    fired = [s for s in range(masked + 301, masked + 320) if rule(step(s, loss=5.0))]
+    assert fired and fired[0] == masked + 305  # a real rise still fires (its 5th step: mean of 10 > 1.5x)
+
+
 def test_data_parallel_agreement_from_summed_votes():
     # Two ranks, the same ring; only one saw a trigger (its loss rule). What the sum decides is the
     # same on both: roll back, to the snapshot the triggering rank chose.

@@ -18,6 +18,7 @@ from train_util import BATCH, IN_DIM, MaskedLoss, mlp, records, segments, use_gr
 
 from examples.models import with_loss
 from gradmon.monitor.callback import LiveMonitor
+from gradmon.monitor.recovery import LossRise
 from gradmon.server import start_server
 
 
@@ -155,17 +156,19 @@ def test_hand_written_loop_rolls_back(tmp_path):
     assert second[0]["initial_step"] == 10 and next(r["step"] for r in second if r["type"] == "step") == 11
 
 
-def test_masked_batches_at_the_start_neither_alarm_nor_roll_back(tmp_path):
+@pytest.mark.parametrize("masked, steps, loss_rise", [(25, 45, False), (50, 130, True)])
+def test_masked_batches_at_the_start_neither_alarm_nor_roll_back(tmp_path, masked, steps, loss_rise):
     # 25 steps with no gradient and a loss of 0: the alarm rule took the first real loss for a
     # loss_spike, and recovery rolled the run back for it, five times (the snapshot after step 25
-    # held the same rule), then gave up and aborted the run.
-    masked, steps = 25, 45
+    # held the same rule), then gave up and aborted the run. 50 of them: LossRise read the real
+    # losses as a 2x rise once its window held as many of them as zeros (its median half theirs).
+    rule = {"rule": LossRise()} if loss_rise else {}
     net = mlp()
     cell = MonitoredTrainStep(MaskedLoss(with_loss(net)), nn.Adam(net.trainable_params(), 1e-3),
                               history_size=32)
     x, y = stream(steps)
     log = tmp_path / "metrics.jsonl"
-    monitor = LiveMonitor(log, log_interval=1, recovery={"every": 5, "skip_batches": 0}).attach(cell)
+    monitor = LiveMonitor(log, log_interval=1, recovery={"every": 5, "skip_batches": 0, **rule}).attach(cell)
     with monitor:
         for i in range(steps):
             batch = slice(i * BATCH, (i + 1) * BATCH)

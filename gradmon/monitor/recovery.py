@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradmon.logformat.alarms import AlarmConfig, AlarmRule
+from gradmon.logformat.alarms import AlarmConfig, AlarmRule, is_zero_norm
 from gradmon.monitor.records import BadStepCounter, abort_vote
 
 __all__ = ["ALARM_TRIGGERS", "GiveUp", "LossRise", "Recovery", "RecoveryPolicy", "RollbackPlan", "Trigger",
@@ -305,7 +305,10 @@ class LossRise:
     ``factor`` times the median loss of the ``window`` steps before them (after ``min_history`` of
     those). Names the first of the ``recent`` steps above that level as the incident's start (so a
     rise right after a rollback does not reach back past the restored snapshot). Non-finite losses
-    are left to the alarm rule."""
+    are left to the alarm rule; steps with a zero gradient norm (``alarms.is_zero_norm``: a batch
+    whose every label is masked, its loss a placeholder 0) are left out, as the alarm rule leaves
+    them: fifty such losses at a run's start put the median between 0 and the real level later,
+    and the real losses read as a rise."""
 
     def __init__(self, factor: float = 1.5, recent: int = 10, window: int = 100,
                  min_history: int = 50) -> None:
@@ -316,8 +319,10 @@ class LossRise:
         self._base: deque[float] = deque()
 
     def __call__(self, record: Mapping[str, Any]) -> tuple[str, int] | None:
-        loss, step = record.get("loss"), record.get("step")
+        loss, step, norm = record.get("loss"), record.get("step"), record.get("grad_norm")
         if not isinstance(loss, (int, float)) or not math.isfinite(loss) or not isinstance(step, int):
+            return None
+        if isinstance(norm, (int, float)) and not isinstance(norm, bool) and is_zero_norm(float(norm)):
             return None
         self._recent.append((step, float(loss)))
         if len(self._recent) > self.recent:
