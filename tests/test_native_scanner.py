@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gradmon.logformat.alarms import ZERO_NORM, is_zero_norm
 from gradmon.logformat.jsonl import encode_record
 from gradmon.server import native
 from gradmon.server.columns import MISSING, MISSING_BITS
@@ -437,6 +438,17 @@ def test_an_integer_beyond_2_to_the_53_is_left_to_orjson():
 _M4_VALUES = st.one_of(
     st.floats(width=64), st.sampled_from([0.0, -0.0, 1.0, -1.0, math.nan, math.inf, -math.inf])
 )
+
+
+@needs_scanner
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_M4_VALUES, st.sampled_from([0.0, -0.0, 1e-31, ZERO_NORM, 1e-29, MISSING])),
+                max_size=200))
+def test_rows_in_are_the_zero_norms_of_the_alarm_rule(values):
+    # The batch alarm rule finds its zero norms by it (alarmrule._zero_norms); a row without a
+    # number (MISSING, a NaN) is none.
+    got = native.scanner().rows_in(array("d", values), 0.0, ZERO_NORM)
+    assert got == [i for i, v in enumerate(values) if is_zero_norm(v)]
 
 
 @needs_scanner
