@@ -308,15 +308,16 @@ class AlarmRule:
 
     def loss_verdict(self, record: Mapping[str, Any]) -> Verdict | None:
         loss = _number(record.get("loss"))
-        if loss is None or not math.isfinite(loss) or len(self.losses) < self.config.min_history \
-                or is_zero_norm(_number(record.get("grad_norm"))):
+        if loss is None or not math.isfinite(loss) or len(self.losses) < self.config.min_history:
             return None
         median = self.losses.median()
         height = self.losses.envelope() - median
         jump = loss - median
         config = self.config
+        # (a zero-norm step's loss is not judged: looked at last, on a step that would be flagged)
         if jump > 0 and jump > config.loss_over_max * height and jump > config.loss_ratio * abs(median) \
-                and jump > config.loss_floor * self.loss_scale:
+                and jump > config.loss_floor * self.loss_scale \
+                and not is_zero_norm(_number(record.get("grad_norm"))):
             text = f"loss {_fmt(loss)} is {_fmt(jump)} above its running median {_fmt(median)}"
             if height > 0:
                 text += f", {jump / height:.1f}x the largest recent rise"
@@ -327,7 +328,7 @@ class AlarmRule:
         """Take the step into the baselines (after it was judged); a zero-norm step into neither
         (its loss scale still counts as used by a finite step)."""
         loss, norm = _number(record.get("loss")), _number(record.get("grad_norm"))
-        zero = is_zero_norm(norm)
+        zero = norm is not None and 0.0 <= norm <= ZERO_NORM  # (is_zero_norm, inline: once per step)
         if norm is not None and math.isfinite(norm):
             if not zero:
                 self.norms.add(norm, flagged)
