@@ -322,7 +322,7 @@ class LossRise:
         loss, step, norm = record.get("loss"), record.get("step"), record.get("grad_norm")
         if not isinstance(loss, (int, float)) or not math.isfinite(loss) or not isinstance(step, int):
             return None
-        if isinstance(norm, (int, float)) and not isinstance(norm, bool) and is_zero_norm(float(norm)):
+        if isinstance(norm, (int, float)) and not isinstance(norm, bool) and is_zero_norm(norm):
             return None
         self._recent.append((step, float(loss)))
         if len(self._recent) > self.recent:
