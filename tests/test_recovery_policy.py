@@ -166,6 +166,7 @@ def test_loss_rise_leaves_out_steps_with_no_gradient(masked):
              if rule(step(s, loss=0.0, grad_norm=0.0) if s <= masked else step(s, loss=2.3 + 0.01 * (s % 5)))]
     assert fired == []
     assert rule(step(masked + 300, loss=2.3, grad_norm=1e-31)) is None  # (a zero norm: not even looked at)
+    assert rule(step(masked + 300, loss=2.3, grad_norm=10**400)) is None  # (an int too big for a float)
     fired = [s for s in range(masked + 301, masked + 320) if rule(step(s, loss=5.0))]
     assert fired and fired[0] == masked + 305  # a real rise still fires (its 5th step: mean of 10 > 1.5x)
 
