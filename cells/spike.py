@@ -327,6 +327,7 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
         floor_level = early[5] * scale[0] if early[5] > 0.0 else 0.0
         above_floor = ops.logical_not(has_ring) | (norm > floor_level)
         spike = ops.logical_and(spike, above_floor)
+        target = ops.select(spike, target, norm)  # a ZClip outlier under the floor: no spike, its own target
         judged = ops.logical_and(ops.logical_and(learns, in_warmup), has_ring)
         early_spike = ops.logical_and(ops.logical_and(judged, early_spike), above_floor)
         zscore = ops.select(judged, early_z, zscore)

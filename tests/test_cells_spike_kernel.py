@@ -173,6 +173,28 @@ def test_kernel_matches_the_reference(name):
         assert ref_state.scale > 0.5
 
 
+def test_an_outlier_under_the_floor_after_the_warm_up_is_its_own_target(mode):
+    # ZClip's outlier under the floor is no spike; its target was still ZClip's clip target on device
+    # (the reference's: the norm), which the EMA then learnt: later z-scores drifted from the spec.
+    config = SpikeConfig(mode="detect", warmup=10, alpha=0.5, early_window=5, early_min=3, floor=0.5,
+                         loss_window=0, lr_ratio=0)
+    rng = np.random.default_rng(0)
+    norms = [*rng.lognormal(0.0, 0.1, 12), *(1e-3 * rng.lognormal(0.0, 0.1, 20))]
+    norms[25] = 0.1  # ~100x the EMA after the fall (z ~13), under 0.5x the run's scale (~1)
+    norms = [float(np.float32(v)) for v in norms]
+    losses, lrs = [1.0] * len(norms), [1e-3] * len(norms)
+    fused, stock = DetectorStep(config, fused=True), DetectorStep(config, fused=False)
+    got, want = _run(fused, norms, losses, lrs), _run(stock, norms, losses, lrs)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    ref, _state = zclip_run(norms, warmup=config.warmup, alpha=config.alpha, z_threshold=config.z_threshold,
+                            early=config.reference_rule())
+    zscore, spike, target = got[:3]
+    assert zscore[25] > config.z_threshold and not spike.any() and not any(s.spike for s in ref)
+    assert target.tolist() == norms  # no spike: every target is the norm itself
+    np.testing.assert_allclose(zscore, [s.zscore for s in ref], rtol=1e-4, atol=1e-5)
+
+
 # PYNATIVE runs the op path's ~75 kernels one by one (slow): "early" is left to GRAPH there, to the
 # step-cell test below and to test_cells_zclip.py's hypothesis tests.
 @pytest.mark.parametrize(("mode", "name"), [("GRAPH", "zclip"), ("GRAPH", "early"), ("GRAPH", "floor"),

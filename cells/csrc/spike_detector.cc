@@ -197,6 +197,7 @@ int GradmonSpikeUpdate(int nparam, void **params, int *ndims, int64_t **shapes, 
       // would be NaN).
       const bool above_floor = norm > (p[kParamFloor] > 0.0f ? p[kParamFloor] * scale : 0.0f);
       spike = spike && above_floor;
+      if (!spike) target = norm;  // a ZClip outlier under the floor is no spike: its own target
       if (learns && in_warmup) {  // judged
         zscore = early_z;
         if (early_spike && above_floor) {
