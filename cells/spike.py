@@ -318,7 +318,7 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
     spike = ops.logical_and(active, z_raw > z_threshold)
     zscore = ops.select(active, z_raw, ops.zeros_like(norm))
     # On a spike z_raw > z_threshold > 0; elsewhere the quotient is discarded by select.
-    target = ops.select(spike, mean + z_squared * std / z_raw, norm)
+    clip_target = mean + z_squared * std / z_raw
     if early:
         early_z, early_spike, early_target, med = _early_rule(norm, count, ring, z_threshold, early)
         has_ring = count >= early[1]
@@ -326,13 +326,14 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
         # floor 0 is no floor (the kernel's test too: 0 * an overflowed scale would be NaN)
         floor_level = early[5] * scale[0] if early[5] > 0.0 else 0.0
         above_floor = ops.logical_not(has_ring) | (norm > floor_level)
-        spike = ops.logical_and(spike, above_floor)
-        target = ops.select(spike, target, norm)  # a ZClip outlier under the floor: no spike, its own target
+        spike = ops.logical_and(spike, above_floor)  # (a ZClip outlier under the floor: its own target)
         judged = ops.logical_and(ops.logical_and(learns, in_warmup), has_ring)
         early_spike = ops.logical_and(ops.logical_and(judged, early_spike), above_floor)
         zscore = ops.select(judged, early_z, zscore)
-        target = ops.select(early_spike, early_target, target)
+        target = ops.select(early_spike, early_target, ops.select(spike, clip_target, norm))
         spike = ops.logical_or(spike, early_spike)
+    else:
+        target = ops.select(spike, clip_target, norm)
     loss_spike = ops.zeros_like(finite)
     lr_spike = ops.zeros_like(finite)
     loss_end = norm_size + (2 + loss_rule[0] if loss_rule else 0)
