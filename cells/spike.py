@@ -326,10 +326,11 @@ def zclip_update(norm: Tensor, finite: Tensor, state: Tensor, warmup: int, alpha
         # floor 0 is no floor (the kernel's test too: 0 * an overflowed scale would be NaN)
         floor_level = early[5] * scale[0] if early[5] > 0.0 else 0.0
         above_floor = ops.logical_not(has_ring) | (norm > floor_level)
-        spike = ops.logical_and(spike, above_floor)  # (a ZClip outlier under the floor: its own target)
+        spike = ops.logical_and(spike, above_floor)
         judged = ops.logical_and(ops.logical_and(learns, in_warmup), has_ring)
         early_spike = ops.logical_and(ops.logical_and(judged, early_spike), above_floor)
         zscore = ops.select(judged, early_z, zscore)
+        # (ZClip's target once the floor has spoken: an outlier under it is no spike, its own target)
         target = ops.select(early_spike, early_target, ops.select(spike, clip_target, norm))
         spike = ops.logical_or(spike, early_spike)
     else:

@@ -328,7 +328,7 @@ class AlarmRule:
         """Take the step into the baselines (after it was judged); a zero-norm step into neither
         (its loss scale still counts as used by a finite step)."""
         loss, norm = _number(record.get("loss")), _number(record.get("grad_norm"))
-        zero = norm is not None and 0.0 <= norm <= ZERO_NORM  # (is_zero_norm, inline: once per step)
+        zero = is_zero_norm(norm)
         if norm is not None and math.isfinite(norm):
             if not zero:
                 self.norms.add(norm, flagged)
