@@ -398,3 +398,23 @@ def test_run_scale_is_the_largest_sampled_median_and_resets_with_a_segment():
     assert rule.norm_scale == 8.0 and rule.loss_scale == 4.0
     rule.update({"type": "header", "schema": 1})
     assert rule.norm_scale == 0.0 and rule.loss_scale == 0.0
+
+
+def test_huge_integers_and_numpy_scalars_are_read_as_numbers():
+    """The rule reads values as every reader of a log does (``logformat.values.number``): an integer
+    too big for a float (valid JSON, another writer's log) is infinite, not an OverflowError that
+    stops the reader; a numpy float64 (a subclass of float, in a record built in Python) is read."""
+    base = steps([1.0] * 40)
+    huge_loss = {"type": "step", "step": 41, "ts": 1041.0, "loss": 10**400, "grad_norm": 1.0}
+    huge_norm = {"type": "step", "step": 42, "ts": 1042.0, "loss": 1.0, "grad_norm": -10**400}
+    events = run([*base, huge_loss, huge_norm])
+    alarms = [(e["step"], e["reason"], e["field"], e["value"]) for e in events if e["kind"] == "alarm"]
+    assert alarms == [(41, "nonfinite", "loss", math.inf)]  # (step 42 joins the open incident)
+    assert events[-1]["kind"] == "alarm_end" and events[-1]["flagged"] == 2
+    for rec in (huge_loss, huge_norm):  # each alarms alone too
+        assert [e["reason"] for e in run([*base, rec]) if e["kind"] == "alarm"] == ["nonfinite"]
+    as_numpy = [{**r, "loss": np.float64(r["loss"]), "grad_norm": np.float64(r["grad_norm"])}
+                for r in steps([1.0] * 40 + [50.0])]
+    assert run(as_numpy) == run(steps([1.0] * 40 + [50.0]))
+    assert [e["reason"] for e in run(as_numpy) if e["kind"] == "alarm"] == ["grad_norm_spike"]
+    assert is_overflow({"loss": 1.0, "grad_norm": 10**400, "loss_scale": 1024})

@@ -23,7 +23,7 @@ from websockets.asyncio.client import connect
 from gradmon.logformat.alarms import ZERO_NORM, AlarmConfig, AlarmRule, RunningBaseline
 from gradmon.logformat.jsonl import encode_record
 from gradmon.server import start_server
-from gradmon.server.alarmrule import BatchAlarmRule, WindowBaseline, readable
+from gradmon.server.alarmrule import BatchAlarmRule, WindowBaseline
 from gradmon.server.alerts import AlertSender
 from gradmon.server.derived import Derived, splice
 
@@ -96,7 +96,7 @@ def _random_run(rng: random.Random, n: int) -> list[dict]:
 def _events_one_by_one(config: AlarmConfig, recs: list[dict]) -> list[tuple[int, dict]]:
     rule, out = AlarmRule(config), []
     for i, rec in enumerate(recs):
-        out += [(i, e) for e in rule.update(readable(rec))]  # (huge integers read as infinite)
+        out += [(i, e) for e in rule.update(rec)]  # (huge integers read as infinite: values.number)
     return out + [(len(recs), e) for e in rule.finish()] + [(-1, (rule.norm_scale, rule.loss_scale))]
 
 

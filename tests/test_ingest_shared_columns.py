@@ -14,13 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_helpers import lines_of
 
+from gradmon.logformat.values import number
 from gradmon.server import pyramid as pyramid_mod
 from gradmon.server.columns import MISSING_BITS, step_rows
 from gradmon.server.index import RunIndex
 from gradmon.server.parse import parse_lines
 from gradmon.server.pyramid import Pyramid, Summary
 from gradmon.server.steps import StepSeries
-from gradmon.server.values import number
 
 _NAMES = ["loss", "grad_norm", "lr", "late", "odd"]
 

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 
 from gradmon.logformat.alarms import ZERO_NORM, is_zero_norm
 from gradmon.logformat.jsonl import encode_record
+from gradmon.logformat.values import number
 from gradmon.server import native
 from gradmon.server.columns import MISSING, MISSING_BITS
 from gradmon.server.parse import KeyColumns, parse_lines
 from gradmon.server.steprecords import LineRecords, StepRecords
-from gradmon.server.values import number
 
 _HEADERS = os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
 _CC = any(shutil.which(cc) for cc in ("cc", "gcc", "clang"))
@@ -296,7 +296,7 @@ _PROBE = """
 import json, sys
 from gradmon.server import native
 from gradmon.server.columns import MISSING, MISSING_BITS
-from gradmon.server.values import number
+from gradmon.logformat.values import number
 from gradmon.server.parse import parse_lines
 line = b'{"type":"step","step":1,"loss":0.5}'
 parsed = parse_lines([(len(line) + 1, line)], 0)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from gradmon.monitor.recovery import (
     GiveUp,
+    LossRise,
     Recovery,
     RecoveryPolicy,
     RollbackPlan,
@@ -216,3 +218,16 @@ def test_a_rule_that_cannot_be_copied_still_works():
     policy = RecoveryPolicy(Recovery(every=10, on_alarm=False, skipped_steps=None, rule=Locked()))
     run(policy, [step(i) for i in range(1, 26)])
     assert policy.trigger.reason == "rule" and policy.plan(policy.trigger).step == 20
+
+
+def test_loss_rise_reads_numbers_as_the_alarm_rule_does():
+    """A loss that is no finite number (an integer too big for a float, a bool, text) is not taken,
+    and raises nothing; a numpy float64 loss is taken as a float."""
+    rule = LossRise(recent=5, window=20, min_history=10)
+    for s in range(1, 31):
+        assert rule(step(s, loss=2.0)) is None
+    for bad in (10**400, -10**400, True, "2.0", None, math.nan):
+        assert rule(step(31, loss=bad)) is None
+    assert rule._recent[-1] == (30, 2.0)  # (none of them was taken)
+    fired = [s for s in range(31, 40) if rule(step(s, loss=np.float64(5.0)))]
+    assert fired[0] == 32  # (numpy floats: at their 2nd step the mean of 5 is 3.2, over 1.5 x 2.0)

@@ -89,7 +89,7 @@ def test_sampled_series_add_columns_is_add_record_by_record(records, max_fields,
     # Records at steps that repeat (the newest point wins), fields that start late or hold no
     # number (None, text, bools), NaN, a huge integer, more fields than max_fields, a series that
     # already holds points: a field at a time is record by record, field order included.
-    from gradmon.server.values import number
+    from gradmon.logformat.values import number
 
     def fresh() -> SampledSeries:
         out = SampledSeries(cap=20_000, max_fields=max_fields)

@@ -5,6 +5,8 @@
 - :mod:`~gradmon.logformat.jsonl`: strict JSON encoding of one record, decoding and validation of one line
   (mirrored by ``dashboard/src/lib/jsonl.js``).
 - :mod:`~gradmon.logformat.lines`: splitting bytes into complete lines, never a half-written one.
+- :mod:`~gradmon.logformat.values`: what a value is read as: a number (never a bool; an integer too
+  big for a float is infinite), finite or not.
 - :mod:`~gradmon.logformat.alarms`: the alarm rule, pure; the writer and the server run the same one.
 - :mod:`~gradmon.logformat.reader`: :func:`read_records`, the valid records of a log file.
 

@@ -59,6 +59,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from gradmon.logformat.schema import ALARM_REASONS
+from gradmon.logformat.values import number
 
 __all__ = ["ALARM_REASONS", "ZERO_NORM", "AlarmConfig", "AlarmRule", "RunningBaseline", "Verdict",
            "is_overflow", "is_zero_norm"]
@@ -168,10 +169,6 @@ class Verdict:
     baseline: float | None = None
 
 
-def _number(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-
-
 def _step_of(record: Mapping[str, Any]) -> int | None:
     step = record.get("step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
@@ -198,10 +195,10 @@ def is_overflow(record: Mapping[str, Any]) -> bool:
     """A loss-scale overflow: a loss-scaled step (``loss_scale`` present, or an ``overflow``
     flag) whose gradient norm is non-finite (or absent with the ``nonfinite`` flag) while its loss
     is finite."""
-    loss, norm = _number(record.get("loss")), _number(record.get("grad_norm"))
+    loss, norm = number(record.get("loss")), number(record.get("grad_norm"))
     if loss is not None and not math.isfinite(loss):
         return False
-    scaled = record.get("overflow") is True or _number(record.get("loss_scale")) is not None
+    scaled = record.get("overflow") is True or number(record.get("loss_scale")) is not None
     return scaled and _norm_bad(record, norm)
 
 
@@ -272,7 +269,7 @@ class AlarmRule:
         return self.nonfinite_verdict(record) or self.norm_verdict(record) or self.loss_verdict(record)
 
     def nonfinite_verdict(self, record: Mapping[str, Any]) -> Verdict | None:
-        loss, norm = _number(record.get("loss")), _number(record.get("grad_norm"))
+        loss, norm = number(record.get("loss")), number(record.get("grad_norm"))
         if loss is not None and not math.isfinite(loss):
             return Verdict("nonfinite", f"non-finite loss ({loss})", "loss", loss)
         if not _norm_bad(record, norm):
@@ -280,7 +277,7 @@ class AlarmRule:
         value = norm if norm is not None else math.nan
         if not is_overflow(record):
             return Verdict("nonfinite", f"non-finite gradient norm ({value})", "grad_norm", value)
-        scale = _number(record.get("loss_scale"))
+        scale = number(record.get("loss_scale"))
         if scale is None:
             return None
         if scale <= self.config.min_loss_scale:
@@ -293,7 +290,7 @@ class AlarmRule:
         return None
 
     def norm_verdict(self, record: Mapping[str, Any]) -> Verdict | None:
-        norm = _number(record.get("grad_norm"))
+        norm = number(record.get("grad_norm"))
         if norm is None or not math.isfinite(norm) or len(self.norms) < self.config.min_history:
             return None
         median, top = self.norms.median(), self.norms.envelope()
@@ -307,7 +304,7 @@ class AlarmRule:
         return None
 
     def loss_verdict(self, record: Mapping[str, Any]) -> Verdict | None:
-        loss = _number(record.get("loss"))
+        loss = number(record.get("loss"))
         if loss is None or not math.isfinite(loss) or len(self.losses) < self.config.min_history:
             return None
         median = self.losses.median()
@@ -317,7 +314,7 @@ class AlarmRule:
         # (a zero-norm step's loss is not judged: looked at last, on a step that would be flagged)
         if jump > 0 and jump > config.loss_over_max * height and jump > config.loss_ratio * abs(median) \
                 and jump > config.loss_floor * self.loss_scale \
-                and not is_zero_norm(_number(record.get("grad_norm"))):
+                and not is_zero_norm(number(record.get("grad_norm"))):
             text = f"loss {_fmt(loss)} is {_fmt(jump)} above its running median {_fmt(median)}"
             if height > 0:
                 text += f", {jump / height:.1f}x the largest recent rise"
@@ -327,14 +324,14 @@ class AlarmRule:
     def _learn(self, record: Mapping[str, Any], flagged: bool) -> None:
         """Take the step into the baselines (after it was judged); a zero-norm step into neither
         (its loss scale still counts as used by a finite step)."""
-        loss, norm = _number(record.get("loss")), _number(record.get("grad_norm"))
+        loss, norm = number(record.get("loss")), number(record.get("grad_norm"))
         zero = is_zero_norm(norm)
         if norm is not None and math.isfinite(norm):
             if not zero:
                 self.norms.add(norm, flagged)
                 if self.is_scale_sample(self.norms.seen):
                     self.norm_scale = max(self.norm_scale, self.norms.median())
-            scale = _number(record.get("loss_scale"))
+            scale = number(record.get("loss_scale"))
             if scale is not None:
                 same = self._scale_run is not None and self._scale_run[0] == scale
                 count = self._scale_run[1] + 1 if same and self._scale_run is not None else 1
@@ -357,7 +354,7 @@ class AlarmRule:
         return []
 
     def _flag(self, step: int, ts: Any, verdict: Verdict) -> list[dict[str, Any]]:
-        ts = _number(ts)
+        ts = number(ts)
         incident = self._incident
         if incident is not None:
             incident["last"] = max(incident["last"], step)

@@ -32,7 +32,6 @@ before the incident, ends in an abort with a message saying which.
 from __future__ import annotations
 
 import copy
-import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradmon.logformat.alarms import AlarmConfig, AlarmRule, is_zero_norm
+from gradmon.logformat.values import finite, number
 from gradmon.monitor.records import BadStepCounter, abort_vote
 
 __all__ = ["ALARM_TRIGGERS", "GiveUp", "LossRise", "Recovery", "RecoveryPolicy", "RollbackPlan", "Trigger",
@@ -319,12 +319,11 @@ class LossRise:
         self._base: deque[float] = deque()
 
     def __call__(self, record: Mapping[str, Any]) -> tuple[str, int] | None:
-        loss, step, norm = record.get("loss"), record.get("step"), record.get("grad_norm")
-        if not isinstance(loss, (int, float)) or not math.isfinite(loss) or not isinstance(step, int):
+        loss, step = finite(record.get("loss")), record.get("step")
+        if loss is None or not isinstance(step, int) or isinstance(step, bool) \
+                or is_zero_norm(number(record.get("grad_norm"))):
             return None
-        if isinstance(norm, (int, float)) and not isinstance(norm, bool) and is_zero_norm(norm):
-            return None
-        self._recent.append((step, float(loss)))
+        self._recent.append((step, loss))
         if len(self._recent) > self.recent:
             self._base.append(self._recent.popleft()[1])
             if len(self._base) > self.window:

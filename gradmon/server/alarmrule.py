@@ -30,17 +30,17 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import accumulate, chain, compress, count, islice, repeat
 from operator import gt, mul, sub
 from typing import Any, Optional
 
 from gradmon.logformat.alarms import ZERO_NORM, AlarmConfig, AlarmRule, is_zero_norm
+from gradmon.logformat.values import number
 from gradmon.server.native import scanner as _native_scanner
 from gradmon.server.parse import KeyColumns
-from gradmon.server.values import number
 
-__all__ = ["BatchAlarmRule", "WindowBaseline", "readable"]
+__all__ = ["BatchAlarmRule", "WindowBaseline"]
 
 _NUMBER_TYPES = frozenset({float, int})
 _NONE = type(None)
@@ -169,11 +169,6 @@ class BatchAlarmRule(AlarmRule):
         # The parent judges with these (len, median, envelope, add); the bulk path appends to them.
         self.norm_window = self.norms = WindowBaseline(self.config.window)  # type: ignore[assignment]
         self.loss_window = self.losses = WindowBaseline(self.config.window)  # type: ignore[assignment]
-
-    def update(self, record: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """``AlarmRule.update``, reading an integer too big for a float as infinite (as the
-        server reads numbers, ``values.number``) rather than failing on it."""
-        return super().update(readable(record))
 
     def update_steps(self, records: Sequence[dict[str, Any]],
                      columns: KeyColumns | None = None) -> list[tuple[int, dict[str, Any]]]:
@@ -497,15 +492,3 @@ def _flag_without_norm(columns: KeyColumns, norms: list[Any]) -> Iterable[int]:
     if True not in flags:
         return ()
     return [i for i, f in enumerate(flags) if f is True and norms[i] is None]
-
-
-# The values the rule reads as floats (``ts``: an alarm's time): an integer too big for a float
-# there would raise in the rule and lose the alarms of its whole batch (so that they depended on
-# where the log's lines were split into batches).
-_JUDGED = ("loss", "grad_norm", "loss_scale", "ts")
-
-
-def readable(record: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The record, or a copy whose read integers too big for a float are infinite."""
-    huge = [k for k in _JUDGED if type(record.get(k)) is int and not _finite_number(record[k])]
-    return {**record, **{k: number(record[k]) for k in huge}} if huge else record

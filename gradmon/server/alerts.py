@@ -37,7 +37,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from gradmon.logformat.schema import ALARM_RULE_FIELD, DERIVED_SOURCE
-from gradmon.server.values import number
+from gradmon.logformat.values import number
 
 __all__ = ["FORMATS", "Alert", "AlertSender", "RateLimiter", "RunWatch", "alert_text", "check_url",
            "combine", "payload"]

@@ -21,12 +21,12 @@ from itertools import chain, compress, islice, repeat
 from operator import eq, itemgetter, le
 
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES
+from gradmon.logformat.values import FAST_TYPES, number
 from gradmon.server.downsample import downsample_indices
 from gradmon.server.native import scanner as _native_scanner
 from gradmon.server.parse import KeyColumns, ParsedLines
 from gradmon.server.segments import Intervals, Replaced
 from gradmon.server.steps import TS
-from gradmon.server.values import FAST_TYPES, number
 
 __all__ = ["MAX_COLUMNS", "MISSING", "MISSING_BITS", "Rows", "series_from_columns", "step_rows"]
 

@@ -32,6 +32,7 @@ from operator import eq, itemgetter, ne
 from typing import Any
 
 from gradmon.logformat.schema import NOT_SERIES
+from gradmon.logformat.values import finite, number
 from gradmon.server.derived import DerivedAlarms
 from gradmon.server.jsontext import dumps
 from gradmon.server.parse import KeyColumns, ParsedLines, parse_lines
@@ -40,7 +41,6 @@ from gradmon.server.sampled import SampledSeries
 from gradmon.server.segments import Replaced, Segments
 from gradmon.server.steprecords import StepRecords
 from gradmon.server.steps import TS, Mark, StepSeries
-from gradmon.server.values import finite, number
 
 __all__ = ["IndexSnapshot", "RunIndex"]
 

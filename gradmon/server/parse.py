@@ -27,9 +27,9 @@ from typing import Any
 # The field-type rules of ``validate_record``, checked here a column at a time.
 from gradmon.logformat.jsonl import STRICT_DECODER, RecordError, decode_record, encode_record, validate_record
 from gradmon.logformat.schema import INT_FIELDS, MARK_FLAGS, NUMBER_FIELDS
+from gradmon.logformat.values import FAST_TYPES
 from gradmon.server.native import scanner as _native_scanner
 from gradmon.server.steprecords import LineRecords, StepRecords
-from gradmon.server.values import FAST_TYPES
 
 __all__ = ["KeyColumns", "ParsedLines", "parse_lines"]
 

@@ -21,9 +21,9 @@ from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Any
 
+from gradmon.logformat.values import FAST_TYPES, number
 from gradmon.server.levelfiles import field_columns
 from gradmon.server.native import scanner as _native_scanner
-from gradmon.server.values import FAST_TYPES, number
 
 __all__ = ["BUCKET", "FANOUT", "STORED_LEVELS", "TAIL_MAX", "Block", "Level", "Pyramid", "Summary",
            "column_summary", "finite_summary", "merge_summaries"]

@@ -14,11 +14,11 @@ from operator import itemgetter, le, lt
 from typing import Any
 
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES
+from gradmon.logformat.values import FAST_TYPES, number, plain_floats
 from gradmon.server.downsample import downsample_indices
 from gradmon.server.parse import parse_lines
 from gradmon.server.segments import Intervals, Replaced
 from gradmon.server.steps import TS
-from gradmon.server.values import FAST_TYPES, number, plain_floats
 
 __all__ = ["SERIES_CHUNK", "LineRange", "Series", "merge_series", "series_from_lines"]
 

@@ -23,10 +23,10 @@ from operator import le
 from typing import Any, Optional
 
 from gradmon.logformat.schema import MARK_FLAGS, NOT_SERIES, OVERFLOW_REASON
+from gradmon.logformat.values import FAST_TYPES, number
 from gradmon.server.parse import KeyColumns, summarize_floats
 from gradmon.server.pyramid import BUCKET, Block, Pyramid, Summary, column_summary
 from gradmon.server.steprecords import StepRecords
-from gradmon.server.values import FAST_TYPES, number
 
 __all__ = ["MAX_FIELDS", "MAX_MARKS", "TS", "Mark", "StepSeries"]
 

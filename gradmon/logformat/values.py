@@ -1,5 +1,7 @@
-"""JSON values as numbers: the one reading of "a number" that the index, the pyramid and the
-history's read-back share (a bool is not a number; an integer too big for a float is infinite)."""
+"""A record's values as numbers: the one reading of "a number" that every reader of a run log shares
+(the alarm rule and ``Recovery``'s rules on the writer's side; the index, the pyramid and the
+history's read-back in the server). A bool is not a number; an integer too big for a float is
+infinite, as JSON allows such an integer and another writer's log may hold one."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ FAST_TYPES = frozenset({float, int})  # a column of only these needs no per-valu
 
 
 def number(v: Any) -> float | None:
-    """``v`` as a float when it is a JSON number (not a bool); a huge integer is ``inf``."""
+    """``v`` as a float when it is a number (an ``int`` or a ``float``, a subclass too, such as
+    ``numpy.float64``; not a bool); an integer too big for a float is ``inf`` or ``-inf``."""
     t = type(v)
-    if t is float:
+    if t is float:  # (a decoded JSON value is exactly float, int, bool, str or None)
         return v
-    if t is int:
+    if t is int or (isinstance(v, (int, float)) and t is not bool):
         try:
             return float(v)
         except OverflowError:
