@@ -36,10 +36,23 @@ def test_decode_round_trip_and_text_fields():
     "[1]", '{"loss":1}', '{"step":1.0}', '{"step":true}', '{"step":"1"}', '{"type":null,"step":1}',
     '{"type":"step","step":true}', '{"type":"step"}', '{"type":"x","ts":"soon"}', '{"step":1,"ts":"soon"}',
     b'{"type":"x","s":"\xff"}', "", "{", "NaN", '{"step":1,"loss":nan}', '{"step":1,"epoch":1.5}',
+    '{"type":"step","step":9223372036854775808}', '{"type":"x","pid":-9223372036854775809}',
+    '{"step":100000000000000000000000000000}',
 ])
 def test_decode_rejects(line):
     with pytest.raises(RecordError):
         decode_line(line)
+
+
+def test_integer_fields_hold_the_signed_64_bit_integers():
+    """Every reader stores steps as int64 (the server's columns and sidecar): beyond that range an
+    integer field makes the record invalid (skipped and counted), not a reader's crash."""
+    assert decode_line('{"type":"step","step":9223372036854775807}')["step"] == 2**63 - 1
+    assert decode_line('{"type":"step","step":-9223372036854775808,"epoch":0}')["step"] == -(2**63)
+    with pytest.raises(RecordError, match="64-bit"):
+        decode_line('{"type":"end","steps":9223372036854775808}')
+    # (not an int field: a number, however big)
+    assert decode_line('{"type":"step","step":1,"loss":9223372036854775808}')["loss"] == 2**63
 
 
 def test_logs_of_other_writers_are_read_and_normalized():

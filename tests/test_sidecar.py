@@ -71,12 +71,14 @@ def _info(run: Run) -> dict:
 
 _value = st.one_of(st.floats(0.01, 100.0), st.sampled_from([float("nan"), float("inf"), 1e300, 3]))
 _segment = st.tuples(st.integers(1, 900), st.integers(0, 400), st.booleans(), st.booleans())
-_extra = st.sampled_from(["", "malformed", "nan_string", "eval", "system", "event", "text", "late_field"])
+_extra = st.sampled_from(["", "malformed", "nan_string", "eval", "system", "event", "text", "late_field",
+                          "int65"])
 
 
 def _log_lines(segments, extras, values) -> list[str]:
     """Lines of a log: per segment ``(first step, steps, header?, flagged?)``; ``extras`` sprinkles
-    malformed lines, ``"NaN"`` strings, other record kinds, text values and a field that appears late."""
+    malformed lines (a step beyond int64 too), ``"NaN"`` strings, other record kinds, text values and
+    a field that appears late."""
     lines, k = [], 0
     for s, (first, n, has_header, flagged) in enumerate(segments):
         if has_header:
@@ -104,6 +106,8 @@ def _log_lines(segments, extras, values) -> list[str]:
                 lines.append(json.dumps({"type": "system", "step": i, "ts": 1.0, "cpu_percent": 3.0}))
             elif extra == "event" and i % 90 == 0:
                 lines.append(json.dumps({"type": "event", "kind": "note", "step": i}))
+            elif extra == "int65" and i % 60 == 0:  # (valid JSON, beyond int64: a malformed line)
+                lines.append(json.dumps({"type": "step", "step": 2**64 + i, "loss": 1.0}))
     return lines
 
 

@@ -157,6 +157,33 @@ def test_run_skips_and_counts_malformed_lines_including_5mb(tmp_path):
     assert [m[:3] for m in run.index.steps.marks] == [(3, "nonfinite", "loss"), (5, "nonfinite", "grad_norm")]
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_an_integer_beyond_64_bits_in_an_int_field_is_a_malformed_line(tmp_path, monkeypatch, native):
+    """Valid JSON that no int64 column holds (a step of 2^63 or 10^30, an epoch of 2^64: another
+    writer's): the line is skipped and counted, the run indexed around it, its sidecar written.
+    (It raised in the sidecar's rows before, and the run's tail stopped at that slice.)"""
+    if not native:
+        monkeypatch.setattr("gradmon.server.parse._native_scanner", lambda: None)
+    p = tmp_path / "metrics.jsonl"
+    with open(p, "w") as f:
+        for i in range(1, 301):
+            f.write(_step(i))
+            if i in (100, 200):
+                f.write('{"type":"step","step":9223372036854775808,"loss":1.0}\n')
+                f.write(f'{{"type":"step","step":{i},"loss":1.0,"epoch":18446744073709551616}}\n')
+            if i == 250:
+                f.write('{"step": 1000000000000000000000000000000, "loss": 2.0}\n')  # (no type)
+    run = Run("r", str(p))
+    while run.poll(max_bytes=4096)[2]:
+        pass
+    assert run.index.malformed == 5 and run.index.records == 300
+    assert run.index.steps.last_step == 300 and run.offset == p.stat().st_size
+    assert run.sidecar is not None and run.sidecar.rows == 300
+    run.close()
+    again = Run("r", str(p))  # (restored from that sidecar)
+    assert again.restored == p.stat().st_size and again.index.malformed == 5
+
+
 def test_read_lines_reads_a_range_back(tmp_path):
     p = tmp_path / "metrics.jsonl"
     text = "".join(_step(i) for i in range(1, 6))

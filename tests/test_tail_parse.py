@@ -52,6 +52,9 @@ _GOOD = [
     '{"type":"step","step":3,"loss":NaN}',  # other writers: bare tokens, no type
     '{"step": 7, "loss": Infinity, "lr": 0.001, "throughput": -Infinity}', '{"step":8,"loss":0.5}',
     '{"step": 9, "loss": 0.5, "note": "NaN", "spike": true}', '{"step": 10, "loss": 2.5, "lr": 0.1}',
+    # (the signed 64-bit integers' ends: schema.INT_MIN, INT_MAX)
+    '{"type":"step","step":9223372036854775807,"loss":1}', '{"type":"step","step":-9223372036854775808}',
+    '{"step": 9223372036854775807, "loss": 0.5}', '{"type":"eval","step":1,"epoch":-9223372036854775808}',
 ]
 _BAD = [
     '{"step":3.0,"loss":1}', "not json", "[1,2]", '{"type":"step","step":"4"}',
@@ -66,6 +69,10 @@ _BAD = [
     '{"type":"step","step":1,"big":-123456789012345678901234567890}',
     '{"type":"step","step":2,"pid":null,"rank":1.0}', '{"type":"step","step":1,"ts":false}', '{"type":1}',
     '"\\ud800"', "\ufeff{}", '{"type":""}',
+    # (just past the signed 64-bit integers: orjson reads these, as ints)
+    '{"type":"step","step":9223372036854775808,"loss":1}', '{"type":"step","step":-9223372036854775809}',
+    '{"step": 9223372036854775808, "loss": 0.5}', '{"type":"step","step":1,"epoch":18446744073709551615}',
+    '{"type":"system","step":9223372036854775808,"cpu_percent":1.0}',
 ]
 
 

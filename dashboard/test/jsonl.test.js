@@ -33,6 +33,18 @@ test("non-objects, records with neither type nor integer step, and bad known fie
   assert.throws(() => decodeLine('{"type":"step","step":1,"loss":NaN'), /not JSON/); // broken for another reason
 });
 
+test("integer fields hold signed 64-bit integers, as the server stores them (schema.py INT_MIN..INT_MAX)", () => {
+  assert.throws(() => decodeLine('{"type":"step","step":9223372036854775808,"loss":1}'), /64-bit/);
+  assert.throws(() => decodeLine('{"type":"step","step":1000000000000000000000000000000}'), /64-bit/);
+  assert.throws(() => decodeLine('{"step":1e300,"loss":1}'), /64-bit/); // (another writer's, no type)
+  assert.throws(() => decodeLine('{"type":"eval","step":1,"epoch":-9223372036854777856}'), /64-bit/);
+  assert.equal(decodeLine('{"type":"step","step":-9223372036854775808}').step, -(2 ** 63));
+  assert.equal(decodeLine('{"type":"step","step":9223372036854774784}').step, 2 ** 63 - 1024);
+  const { records, skipped } = parseJsonl('{"type":"step","step":1}\n{"type":"step","step":1e30}\n{"type":"step","step":3}\n');
+  assert.deepEqual(records.map((r) => r.step), [1, 3]);
+  assert.equal(skipped, 1);
+});
+
 test("other writers: a line without type but with an integer step is a step record", () => {
   const rec = decodeLine('{"step": 1, "loss": 2.5, "lr": 0.001, "throughput": 900}');
   assert.deepEqual(rec, { type: "step", step: 1, loss: 2.5, lr: 0.001, throughput: 900 });

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from gradmon.logformat.schema import INT_FIELDS, NUMBER_FIELDS, TEXT_KEYS
+from gradmon.logformat.schema import INT_FIELDS, INT_MAX, INT_MIN, NUMBER_FIELDS, TEXT_KEYS
 
 __all__ = [
     "NONFINITE_STRINGS",
@@ -122,6 +122,8 @@ def validate_record(record: Any) -> dict[str, Any]:
         v = record.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise RecordError(f"field {key!r} must be an integer, got {v!r:.40}")
+        if v is not None and not INT_MIN <= v <= INT_MAX:
+            raise RecordError(f"field {key!r} is outside the signed 64-bit integers, got {v!r:.40}")
     for key in NUMBER_FIELDS:
         v = record.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):

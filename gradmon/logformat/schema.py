@@ -41,6 +41,9 @@ TEXT_KEYS = frozenset({
 
 # Known fields and the JSON types they must have when present (bool is not a number here).
 INT_FIELDS = ("step", "epoch", "pid", "world_size", "rank", "schema", "steps")
+# The integers INT_FIELDS may hold: a signed 64-bit integer's, which every reader stores them in
+# (the server's step columns and sidecar). JSON itself has no bound.
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
 NUMBER_FIELDS = ("ts", "start_time")
 
 # Step-record flags: JSON booleans, written only when true (readers treat absent as false).

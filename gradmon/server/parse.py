@@ -26,7 +26,7 @@ from typing import Any
 
 # The field-type rules of ``validate_record``, checked here a column at a time.
 from gradmon.logformat.jsonl import STRICT_DECODER, RecordError, decode_record, encode_record, validate_record
-from gradmon.logformat.schema import INT_FIELDS, MARK_FLAGS, NUMBER_FIELDS
+from gradmon.logformat.schema import INT_FIELDS, INT_MAX, INT_MIN, MARK_FLAGS, NUMBER_FIELDS
 from gradmon.logformat.values import FAST_TYPES
 from gradmon.server.native import scanner as _native_scanner
 from gradmon.server.steprecords import LineRecords, StepRecords
@@ -636,7 +636,8 @@ def _candidates_native(scan: Any, texts: list[bytes | None]) -> tuple[
 def _others_valid(records: list[dict]) -> bool:
     """Whether ``validate_record`` accepts every one of ``records`` (records of kinds other than
     ``step`` that the compiled scanner read), checked a column at a time; ``False`` also when one
-    of them is a step record (each is then validated alone)."""
+    of them is a step record (each is then validated alone). (Their integers are within the
+    64-bit range: the scanner takes integers up to 2^53 only.)"""
     columns = KeyColumns(records)
     kinds = columns.values("type")
     if not records or columns.types("type") != {str} or "" in kinds or "step" in kinds:
@@ -653,4 +654,17 @@ def _all_valid(columns: KeyColumns) -> bool:
         return True
     keys = columns.key_set()
     return all(columns.types(key) <= ok  # (no Python loop per record)
-               for key, ok in _TYPE_OK.items() if key in keys or key == "step")
+               for key, ok in _TYPE_OK.items() if key in keys or key == "step") \
+        and all(_int64s(columns, key) for key in INT_FIELDS if key in keys)
+
+
+def _int64s(columns: KeyColumns, key: str) -> bool:
+    """Whether the key's integers (of a column of ints and ``None``, as validated) are within
+    ``INT_MIN..INT_MAX``: known without a look when the compiled scanner read them (it takes
+    integers up to 2^53 only); else their min and max, in C."""
+    if columns.floats(key) is not None:
+        return True
+    values = columns.values(key)
+    if _NONE in columns.types(key):
+        values = [v for v in values if v is not None]
+    return not values or (min(values) >= INT_MIN and max(values) <= INT_MAX)

@@ -19,6 +19,10 @@
 
   const TEXT_KEYS = new Set(lib.SCHEMA.TEXT_KEYS);
   const INT_FIELDS = lib.SCHEMA.INT_FIELDS;
+  // schema.py's INT_MIN..INT_MAX (the signed 64-bit integers) as doubles. JSON.parse rounds the 512
+  // integers up to INT_MAX = 2^63 - 1 to 2^63 (INT_END): those are refused here, taken by the server.
+  const INT_END = 2 ** 63;
+  const INT_MIN = -INT_END;
   const NUMBER_FIELDS = lib.SCHEMA.NUMBER_FIELDS;
 
   /** Turn "NaN"/"Infinity"/"-Infinity" strings back into numbers, recursively, except under text keys. */
@@ -78,6 +82,9 @@
       const v = rec[k];
       if (v !== undefined && v !== null && !(typeof v === "number" && Number.isInteger(v))) {
         return `field '${k}' must be an integer`;
+      }
+      if (v !== undefined && v !== null && !(v >= INT_MIN && v < INT_END)) {
+        return `field '${k}' is outside the signed 64-bit integers`;
       }
     }
     for (const k of NUMBER_FIELDS) {
