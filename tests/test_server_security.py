@@ -276,6 +276,25 @@ def _unknown_runs(n: int, **more) -> str:
     return json.dumps({"type": "subscribe", "runs": {**{f"n{i}": None for i in range(n)}, **more}})
 
 
+def test_a_cursor_past_any_file_offset_is_a_bad_cursor_and_the_stream_goes_on(served):
+    """An offset of 2^70 (no file has one: off_t is 64-bit) is answered as a bad cursor. It was
+    taken as a position to catch up from, whose seek raised in the catch-up task: the client got
+    no error and nothing more of that run."""
+    async def main():
+        async with connect(f"ws://127.0.0.1:{served.port}/ws") as ws:
+            cursor = (await recv_json(ws))["runs"][0]["cursor"]
+            far = {**cursor, "offset": 2**70}
+            await ws.send(json.dumps({"type": "subscribe", "runs": {"exp1": far}}))
+            error = await recv_until(ws, lambda m: m["type"] == "error")
+            assert "bad cursors" in error["error"] and "'exp1'" in error["error"]
+            await ws.send(json.dumps({"type": "subscribe", "runs": {"exp1": cursor}}))
+            follow = StreamFollower({"exp1": cursor})
+            append(_path(served, "exp1"), [step(11)])
+            await recv_until(ws, lambda m: follow.feed(m) and 11 in follow.steps("exp1"))
+    asyncio.run(main())
+    _alive(served)
+
+
 def test_one_bad_subscribe_gets_one_bounded_error(served):
     async def main():
         async with connect(f"ws://127.0.0.1:{served.port}/ws") as ws:

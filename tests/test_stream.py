@@ -134,6 +134,7 @@ def test_subscribe_during_a_catch_up_moves_the_running_one():
 @pytest.mark.parametrize("raw, want", [
     (None, None), ({"gen": "g", "offset": 0}, Position("g", 0)),
     ({"gen": "", "offset": 7, "x": 1}, Position("", 7)),
+    ({"gen": "g", "offset": 2**63 - 1}, Position("g", 2**63 - 1)),
 ])
 def test_parse_cursor_accepts(raw, want):
     assert parse_cursor(raw) == want
@@ -142,6 +143,7 @@ def test_parse_cursor_accepts(raw, want):
 @pytest.mark.parametrize("raw", [
     "x", 5, [], {}, {"gen": 5, "offset": 0}, {"gen": "g"}, {"gen": "g", "offset": -1},
     {"gen": "g", "offset": True}, {"gen": "g", "offset": 1.0}, {"gen": None, "offset": 0},
+    {"gen": "g", "offset": 2**63}, {"gen": "g", "offset": 2**70},  # (no file offset: off_t is 64-bit)
 ])
 def test_parse_cursor_refuses(raw):
     with pytest.raises(CursorError):

@@ -103,7 +103,13 @@ class Read:
 
 
 class CursorError(ValueError):
-    """A ``subscribe`` cursor that is neither ``null`` nor ``{"gen": str, "offset": int >= 0}``."""
+    """A ``subscribe`` cursor that is neither ``null`` nor ``{"gen": str, "offset": int}`` with an
+    offset a file can have (``0..MAX_OFFSET``)."""
+
+
+# The largest offset a file can have (a signed 64-bit off_t): a cursor past it is malformed, not a
+# position to wait for (seeking there would fail in the catch-up, which then sent nothing more).
+MAX_OFFSET = (1 << 63) - 1
 
 
 def parse_cursor(raw: Any) -> Position | None:
@@ -113,7 +119,7 @@ def parse_cursor(raw: Any) -> Position | None:
     if not isinstance(raw, dict):
         raise CursorError("expected {gen, offset} or null")
     gen, offset = raw.get("gen"), raw.get("offset")
-    if not isinstance(gen, str) or type(offset) is not int or offset < 0:
+    if not isinstance(gen, str) or type(offset) is not int or not 0 <= offset <= MAX_OFFSET:
         raise CursorError("expected {gen, offset} or null")
     return Position(gen, offset)
 
