@@ -661,10 +661,15 @@ def _all_valid(columns: KeyColumns) -> bool:
 def _int64s(columns: KeyColumns, key: str) -> bool:
     """Whether the key's integers (of a column of ints and ``None``, as validated) are within
     ``INT_MIN..INT_MAX``: known without a look when the compiled scanner read them (it takes
-    integers up to 2^53 only); else their min and max, in C."""
+    integers up to 2^53 only); else their min and max, in C (of increasing steps, their ends: the
+    index asks whether they increase anyway)."""
     if columns.floats(key) is not None:
         return True
     values = columns.values(key)
     if _NONE in columns.types(key):
         values = [v for v in values if v is not None]
-    return not values or (min(values) >= INT_MIN and max(values) <= INT_MAX)
+    if not values:
+        return True
+    if key == "step" and columns.increasing():
+        return values[0] >= INT_MIN and values[-1] <= INT_MAX
+    return min(values) >= INT_MIN and max(values) <= INT_MAX
