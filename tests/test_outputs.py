@@ -68,6 +68,11 @@ def test_empty_and_odd():
     assert parse_step_outputs(None).loss is None
     assert parse_step_outputs(()).loss is None
     assert to_float("text") is None and to_float(np.array([])) is None and to_float(True) == 1.0
+    # (never an exception in the training loop: an integer too big for a float is infinite)
+    assert to_float(10**400) == math.inf and to_float(-(10**400)) == -math.inf
+    assert to_float(np.array([10**400, 1], dtype=object)) is None
+    assert parse_step_outputs((1.0, 10**400)).grad_norm == math.inf
+    assert parse_step_outputs({"loss": -(10**400)}).nonfinite
 
 
 # -- other writers' step cells: MindSpore's loss-scale cell and mindformers' cells -----------------

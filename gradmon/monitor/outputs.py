@@ -91,12 +91,16 @@ def _is_bool(value: Any) -> bool:
 
 def to_float(value: Any) -> float | None:
     """A host value (number, numpy scalar/array) as one float; multi-element arrays are averaged,
-    booleans become 0.0/1.0; ``None`` for what is not numeric or is empty."""
+    booleans become 0.0/1.0, an integer too big for a float is ``inf`` or ``-inf``; ``None`` for
+    what is not numeric or is empty (never an exception: this runs in the training loop)."""
     value = to_host(value)
     if value is None or isinstance(value, str):
         return None
     if isinstance(value, (bool, int, float)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
     size = getattr(value, "size", None)
     if size is not None:
         if size == 0:
@@ -105,11 +109,11 @@ def to_float(value: Any) -> float | None:
             if size == 1:
                 return float(value.reshape(-1)[0])
             return float(value.astype("float64").mean())
-        except (TypeError, ValueError, AttributeError):
+        except (TypeError, ValueError, AttributeError, OverflowError):
             return None
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
