@@ -19,7 +19,9 @@ directories), and holds:
   lengths, the payload's CRC) and a pickle restricted to the index's own classes. Written to
   ``state.tmp`` and renamed, so a kill at any moment leaves the previous checkpoint or the new one.
   A restart restores it and tails the log from ``size`` on; the column and level files are cut back
-  to the checkpoint's lengths (what was appended after it is read again from the log).
+  to the checkpoint's lengths (what was appended after it is read again from the log). Those files
+  carry no checksum (checking one would read them whole at every restart): a file shorter than its
+  length is found, a bit flipped inside one is not.
 - ``lock``: held (``flock``) by the one server that writes the sidecar; another server of the
   same log, or a log directory the server cannot write, works from memory as before.
 
