@@ -4,10 +4,13 @@ on real loss-scale cells (MindSpore's, and one returning mindformers' layout).""
 from __future__ import annotations
 
 import math
+import warnings
 
 import mindspore as ms
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mindspore import dataset as ds
 from mindspore import nn, ops
 from mindspore.train import Callback, Model
@@ -73,6 +76,28 @@ def test_empty_and_odd():
     assert to_float(np.array([10**400, 1], dtype=object)) is None
     assert parse_step_outputs((1.0, 10**400)).grad_norm == math.inf
     assert parse_step_outputs({"loss": -(10**400)}).nonfinite
+
+
+_ODD = st.sampled_from([
+    None, 1.5, 2, True, np.float32(1.0), np.float16("nan"), np.array(3.0), np.array([1.0, 2.0]),
+    np.array([]), np.array([[1, 2], [3, 4]], np.int64), np.array([True]), np.array(["x"]), np.array([1 + 2j]),
+    np.bool_(False), "1.0", b"x", 10**400, -(10**400), math.inf, np.array([10**400], dtype=object),
+    np.datetime64("2020"), np.uint64(2**64 - 1), np.array([1e308, 1e308]), object()])
+_OUTPUTS = st.recursive(_ODD, lambda inner: st.one_of(
+    st.lists(inner, max_size=7).map(tuple), st.lists(inner, max_size=7),
+    st.dictionaries(st.sampled_from(["loss", "grad_norm", "overflow", "loss_scale", "lr", "acc"]), inner,
+                    max_size=5)), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_OUTPUTS)
+def test_no_step_output_raises_in_the_training_loop(outputs):
+    """Whatever a train cell returns, parsing it gives fields or nothing, never an exception (which
+    would stop training: LiveMonitor parses it at the step's end)."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # (numpy's casts of complex or overflowing values say so)
+        fields = parse_step_outputs(outputs).record_fields()
+    assert all(type(v) in (bool, float) for v in fields.values())
 
 
 # -- other writers' step cells: MindSpore's loss-scale cell and mindformers' cells -----------------

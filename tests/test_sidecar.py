@@ -69,7 +69,10 @@ def _info(run: Run) -> dict:
 
 # ---- random logs ---------------------------------------------------------------------------
 
-_value = st.one_of(st.floats(0.01, 100.0), st.sampled_from([float("nan"), float("inf"), 1e300, 3]))
+_value = st.one_of(st.floats(0.01, 100.0), st.sampled_from([
+    float("nan"), float("inf"), 1e300, 3,
+    # (odd but valid: a negative zero, the smallest subnormal, integers past 2^53 and past a float)
+    -0.0, 5e-324, -1e308, 2**53 + 1, 2**63, -(10**400), True, None]))
 _segment = st.tuples(st.integers(1, 900), st.integers(0, 400), st.booleans(), st.booleans())
 _extra = st.sampled_from(["", "malformed", "nan_string", "eval", "system", "event", "text", "late_field",
                           "int65"])
