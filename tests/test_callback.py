@@ -284,6 +284,22 @@ def test_invalid_arguments(tmp_path):
     for bad in ({"log_interval": 0}, {"abort_after": 0}, {"initial_step": -1}):
         with pytest.raises(ValueError):
             LiveMonitor(tmp_path / "m.jsonl", **bad)
+    # Each numeric option is checked when given, with its name, as Recovery's and AlarmConfig's are:
+    # a float, a bool, text or NaN once went through int() or float() (or raised OverflowError),
+    # to fail at the first step or in the sampler thread, or never.
+    for name, bad in [("log_interval", 2.5), ("log_interval", True), ("log_interval", "3"),
+                      ("log_interval", float("inf")), ("batch_size", "x"), ("batch_size", 0),
+                      ("batch_size", float("nan")), ("layer_stats_every", -1), ("layer_top_k", 0.5),
+                      ("initial_step", 2**63), ("abort_after", 10**400), ("system_interval", "x"),
+                      ("system_interval", float("nan")), ("system_interval", 2**63),
+                      ("retry_initial", -1.0), ("retry_initial", 10**400)]:
+        with pytest.raises(ValueError, match=f"^{name} must be"):
+            LiveMonitor(tmp_path / "m.jsonl", **{name: bad})
+    ok = LiveMonitor(tmp_path / "m.jsonl", log_interval=np.int64(4), batch_size=np.int32(8), retry_initial=0,
+                     system_interval=np.float32(0.5), initial_step=2**63 - 1).settings
+    assert (ok.log_interval, ok.batch_size, ok.retry_initial, ok.system_interval, ok.initial_step) == \
+        (4, 8, 0.0, 0.5, 2**63 - 1)
+    assert type(ok.log_interval) is int and type(ok.system_interval) is float
     with pytest.raises(TypeError, match="on_event"):
         LiveMonitor(tmp_path / "m.jsonl", on_event="print")
     # A misspelt option is named with the known ones (MonitorSettings.from_kwargs, as StepOptions does).

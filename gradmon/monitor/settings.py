@@ -10,12 +10,15 @@ that reads it. Pure Python: no MindSpore import.
 
 from __future__ import annotations
 
+import numbers
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from gradmon.logformat.alarms import AlarmConfig
+from gradmon.logformat.schema import INT_MAX
 from gradmon.monitor.recovery import Recovery, recovery_of
 from gradmon.monitor.writer_rank import check_writer_rank
 
@@ -40,6 +43,36 @@ def alarm_config_of(value: AlarmConfig | Mapping[str, Any] | None) -> AlarmConfi
     plain = {k: v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v
              for k, v in value.items()}
     return AlarmConfig(**plain)
+
+
+# The integer options: (name, least value, None allowed). Checked as Recovery's and AlarmConfig's
+# are: an int (a numpy integer too), not a bool, a float or text that int() would have taken.
+_COUNTS = (("log_interval", 1, False), ("batch_size", 1, True), ("abort_after", 1, True),
+           ("layer_stats_every", 0, False), ("layer_top_k", 0, False), ("initial_step", 0, True))
+
+
+def _count(name: str, value: Any, low: int, optional: bool) -> int | None:
+    """An integer option from ``low`` to ``INT_MAX`` (what a log's integer fields hold)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= INT_MAX:
+        raise ValueError(f"{name} must be an int from {low} to 2**63 - 1{' or None' if optional else ''}, "
+                         f"got {value!r}")
+    return int(value)
+
+
+def _seconds(name: str, value: Any) -> float:
+    """A duration option: seconds from 0 to ``threading.TIMEOUT_MAX`` (the sampler thread waits
+    that long; a longer wait raises in the thread)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)  # (numpy's too)
+    try:
+        ok = ok and 0 <= value <= threading.TIMEOUT_MAX  # (False for NaN)
+    except OverflowError:  # (an int too big for a float)
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a number of seconds from 0 to {threading.TIMEOUT_MAX:g}, "
+                         f"got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -118,22 +151,15 @@ class MonitorSettings:
         set_ = object.__setattr__  # frozen: normalise once, here
         set_(self, "log_file", os.fspath(self.log_file))
         set_(self, "writer_rank", check_writer_rank(self.writer_rank))
-        if int(self.log_interval) < 1:
-            raise ValueError(f"log_interval must be >= 1, got {self.log_interval}")
-        if self.abort_after is not None and int(self.abort_after) < 1:
-            raise ValueError(f"abort_after must be >= 1 or None, got {self.abort_after}")
-        if self.initial_step is not None and int(self.initial_step) < 0:
-            raise ValueError(f"initial_step must be >= 0 or None, got {self.initial_step}")
+        for name, low, optional in _COUNTS:
+            set_(self, name, _count(name, getattr(self, name), low, optional))
+        for name in ("system_interval", "retry_initial"):
+            set_(self, name, _seconds(name, getattr(self, name)))
         if self.on_event is not None and not callable(self.on_event):
             raise TypeError(f"on_event must be callable, got {type(self.on_event).__name__}")
         if self.sample_ids is not None and not callable(self.sample_ids):
             raise TypeError("sample_ids must be callable (step -> ids), "
                             f"got {type(self.sample_ids).__name__}")
-        for name in ("log_interval", "layer_stats_every", "layer_top_k"):
-            set_(self, name, int(getattr(self, name)))
-        for name in ("abort_after", "initial_step"):
-            if getattr(self, name) is not None:
-                set_(self, name, int(getattr(self, name)))
         if self.abort_checkpoint is not None:
             set_(self, "abort_checkpoint", os.fspath(self.abort_checkpoint))
         set_(self, "config", dict(self.config or {}))
