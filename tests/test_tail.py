@@ -161,7 +161,8 @@ def test_run_skips_and_counts_malformed_lines_including_5mb(tmp_path):
 def test_an_integer_beyond_64_bits_in_an_int_field_is_a_malformed_line(tmp_path, monkeypatch, native):
     """Valid JSON that no int64 column holds (a step of 2^63 or 10^30, an epoch of 2^64: another
     writer's): the line is skipped and counted, the run indexed around it, its sidecar written.
-    (It raised in the sidecar's rows before, and the run's tail stopped at that slice.)"""
+    (Before, every later poll of the run raised in the sidecar's rows: no live record after the
+    line reached a page, and the sidecar stayed at the rows before it.)"""
     if not native:
         monkeypatch.setattr("gradmon.server.parse._native_scanner", lambda: None)
     p = tmp_path / "metrics.jsonl"
