@@ -24,6 +24,14 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
 
 
+def _finite(value: Any) -> bool:
+    """Whether a number is finite as a float (an integer too big for one is not: float() raises)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and _is_number(value)
 
@@ -106,7 +114,7 @@ class StepOptions:
             if not _is_number(self.max_norm):
                 raise TypeError("max_norm must be a positive number or None, "
                                 f"got {type(self.max_norm).__name__}")
-            if not (math.isfinite(self.max_norm) and self.max_norm > 0):
+            if not (_finite(self.max_norm) and self.max_norm > 0):
                 raise ValueError(f"max_norm must be a positive finite number or None, got {self.max_norm!r}")
             set_(self, "max_norm", float(self.max_norm))
         if not _is_int(self.history_size) or self.history_size < 0:
@@ -139,6 +147,8 @@ class StepOptions:
             value = getattr(self, name)
             if not _is_number(value):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+            if isinstance(value, numbers.Integral) and not _finite(value):
+                raise ValueError(f"{name} must be a number, got an integer too big for a float")
             set_(self, name, float(value))
         self.spike  # noqa: B018 - SpikeConfig validates the detector settings
         if self.output_layout not in OUTPUT_LAYOUTS:

@@ -29,6 +29,10 @@ def test_numpy_scalars_are_accepted_and_normalised() -> None:
     ({"spike_mode": "loud"}, ValueError, "spike_mode"),
     ({"spike_alpha": "0.9"}, TypeError, "spike_alpha"),
     ({"spike_warmup": 1}, ValueError, "spike_warmup"),
+    # (an integer too big for a float: once an OverflowError from float(), naming nothing)
+    ({"max_norm": 10**400}, ValueError, "max_norm must be a positive finite"),
+    ({"spike_alpha": 10**400}, ValueError, "spike_alpha must be a number"),
+    ({"spike_loss_ratio": -(10**400)}, ValueError, "spike_loss_ratio must be a number"),
 ])
 def test_bad_values_name_the_option(kwargs: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
