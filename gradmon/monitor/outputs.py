@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gradmon.logformat.values import number
+
 __all__ = ["StepOutputs", "parse_step_outputs", "to_float", "to_host"]
 
 
@@ -96,11 +98,10 @@ def to_float(value: Any) -> float | None:
     value = to_host(value)
     if value is None or isinstance(value, str):
         return None
-    if isinstance(value, (bool, int, float)):
-        try:
-            return float(value)
-        except OverflowError:
-            return math.inf if value > 0 else -math.inf
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return number(value)  # (an integer too big for a float: inf, as every log reader reads it)
     size = getattr(value, "size", None)
     if size is not None:
         if size == 0:

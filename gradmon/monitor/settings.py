@@ -64,12 +64,9 @@ def _count(name: str, value: Any, low: int, optional: bool) -> int | None:
 def _seconds(name: str, value: Any) -> float:
     """A duration option: seconds from 0 to ``threading.TIMEOUT_MAX`` (the sampler thread waits
     that long; a longer wait raises in the thread)."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)  # (numpy's too)
-    try:
-        ok = ok and 0 <= value <= threading.TIMEOUT_MAX  # (False for NaN)
-    except OverflowError:  # (an int too big for a float)
-        ok = False
-    if not ok:
+    # (numpy's numbers too; an int compares with a float exactly, however big; NaN is in no range)
+    limit = threading.TIMEOUT_MAX
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= limit:
         raise ValueError(f"{name} must be a number of seconds from 0 to {threading.TIMEOUT_MAX:g}, "
                          f"got {value!r}")
     return float(value)
