@@ -9,10 +9,12 @@ import math
 import os
 import random
 import shutil
+import struct
 import subprocess
 import sys
 import sysconfig
 from array import array
+from fractions import Fraction
 
 import orjson
 import pytest
@@ -355,6 +357,97 @@ def test_a_number_the_scanner_reads_is_the_one_orjson_and_the_stdlib_read(text):
         return
     by_orjson, by_stdlib = _reads(line)
     assert _same(records[0], by_orjson) and _same(records[0], by_stdlib), text
+
+
+def test_the_powers_of_ten_are_their_leading_128_bits_rounded_down():
+    # Two rows of the table Go's strconv and Wuffs publish (their range is wider: -348..347).
+    assert native.power_of_ten_mantissa(-348) == 0xFA8FD5A0081C0288_1732C869CD60E453
+    assert native.power_of_ten_mantissa(43) >> 64 == 0xE596B7B0C643C719
+    for q in range(native.POW10_MIN, native.POW10_MAX + 1):  # (each against exact rationals)
+        m = native.power_of_ten_mantissa(q)
+        exact = Fraction(10) ** q
+        e = 127 - math.floor(math.log2(10) * q)  # (a guess within one of the exponent that fits)
+        while exact * Fraction(2) ** e >= 2**128:
+            e -= 1
+        while exact * Fraction(2) ** e < 2**127:
+            e += 1
+        assert m == math.floor(exact * Fraction(2) ** e), q
+    header = native.powers_of_ten_header()
+    assert header.count("ULL}, /* 1e") == native.POW10_MAX - native.POW10_MIN + 1
+
+
+def _float_tokens(rng: random.Random, n: int) -> list[str]:
+    """``n`` number tokens of each kind a float reader gets wrong first: any double's repr; float32
+    values widened (the writer's device values); time stamps; numbers of up to 19 digits with
+    exponents; near the smallest normal double and below; ties between two doubles and their
+    neighbours (to even), written with up to 19 digits."""
+    def float32() -> float:
+        x = rng.uniform(-1e3, 1e3) * 10.0 ** rng.randrange(-9, 9)
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+
+    def any_double() -> float:
+        while not math.isfinite(x := struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]):
+            pass
+        return x
+
+    def tie() -> str:
+        ulp = 2 ** rng.randrange(1, 12)  # (between 2^53 and 2^64: a tie is an integer)
+        x = rng.randrange(2**52, 2**53) * ulp
+        text = str(x + ulp // 2 + rng.choice([-1, 0, 0, 1]))
+        k = rng.randrange(1, len(text))
+        return rng.choice([text + ".0", text + "e0", f"{text[:len(text) - k]}.{text[len(text) - k:]}e{k}"])
+
+    kinds = [
+        lambda: repr(any_double()),
+        lambda: repr(float32()),
+        lambda: repr(1.7e9 + rng.random() * 1e8),
+        lambda: f"{rng.choice(['', '-'])}{rng.randrange(10 ** rng.randrange(1, 20))}"
+                f".{rng.randrange(10 ** rng.randrange(1, 12))}e{rng.randrange(-330, 310)}",
+        lambda: repr(rng.uniform(0.5, 8) * 2.0 ** rng.randrange(-1080, -1015)),
+        tie,
+    ]
+    return [kind() for kind in kinds for _ in range(n)]
+
+
+_HARD_TOKENS = [
+    "9007199254740993.0", "9007199254740995.0", "9007199254740993.0000001", "1e23", "8.98846567431158e307",
+    "1.7976931348623157e308", "1.7976931348623159e308", "2.2250738585072014e-308", "2.2250738585072011e-308",
+    "4.9406564584124654e-324", "0.1", "0.30000000000000004", "-0.0e10", "0e-400", "123456789012345678.9e-5",
+    "7.2057594037927933e16", "1e-300", "1.00000000000000011102230246251565404236316680908203125",
+]
+
+
+def _scanned_floats(tokens: list[str]) -> list[float | None]:
+    """Each token as the scanner reads it (its float64 column's value), ``None`` where it leaves
+    the token to orjson: 64 tokens to a line, a line with one left read token by token."""
+    scan = native.scanner().scan_steps
+    out: list[float | None] = []
+    for i in range(0, len(tokens), 64):
+        chunk = [t.encode() for t in tokens[i:i + 64]]
+        fields = b",".join(b'"k%d":%s' % (j, t) for j, t in enumerate(chunk))
+        _, undecided, columns, _, floats, _, _ = scan([b'{"type":"step","step":1,%s}' % fields])
+        if not undecided:
+            for j in range(len(chunk)):
+                value = struct.unpack("<d", floats[f"k{j}"])[0]
+                assert repr(columns[f"k{j}"][0]) == repr(value)  # (the column's object is the same)
+                out.append(value)
+            continue
+        for t in chunk:
+            _, undecided, _, _, floats, _, _ = scan([b'{"type":"step","k":%s}' % t])
+            out.append(None if undecided else struct.unpack("<d", floats["k"])[0])
+    return out
+
+
+@needs_scanner
+def test_the_scanner_reads_each_float_as_cpython_does_bit_for_bit():
+    # (Clinger's path, Eisel and Lemire's, and CPython's parser where neither is sure: what a
+    # token is read as must not depend on which one read it)
+    tokens = _float_tokens(random.Random(20261207), 10_000) + _HARD_TOKENS
+    for token, value in zip(tokens, _scanned_floats(tokens)):
+        if value is None:  # (only what orjson refuses: beyond the largest double)
+            assert math.isinf(float(token)), token
+        else:
+            assert struct.pack("<d", value) == struct.pack("<d", float(token)), token
 
 
 @needs_scanner

@@ -22,7 +22,8 @@
  * a step record when that is "step", else a record of another kind (in not_steps, decided: the
  * caller's decode_record reads those). Strings must be printable ASCII without escapes and not end
  * with "NaN" or "Infinity" (the values decode_record turns into floats); integers up to 2^53 in size;
- * numbers are read by CPython's own float parser; anything else (nested values, escapes, UTF-8,
+ * numbers are read as CPython's float parser reads them, bit for bit (Clinger's and Eisel and
+ * Lemire's exact paths, else that parser itself); anything else (nested values, escapes, UTF-8,
  * huge or infinite numbers, a missing "type", a repeated key) is left undecided, so that what this
  * scanner decides is exactly what orjson and the standard library read.
  */
@@ -148,10 +149,95 @@ static const unsigned char *digits(const unsigned char *p, const unsigned char *
 static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
-/* The common number token in one pass, -?(0|[1-9][0-9]*)(.[0-9]+)? with at most 15 significant
- * digits (exact in a double), at most 22 after the point and no exponent: its end, with *value,
- * *kind and *as_float as number() gives them (the same operations); NULL for any other token,
- * which number() reads in full. */
+/* POW10_MIN, POW10_MAX and POWERS_OF_TEN[q - POW10_MIN] = {high, low}: the 128 leading bits of
+ * 10^q, rounded down, for q in [POW10_MIN, POW10_MAX]. Written by native.py at build time from
+ * Python's exact integers (no table to keep by hand). */
+#include "powers_of_ten.h"
+
+/* The 128-bit product a * b. */
+static inline void mul_64(uint64_t a, uint64_t b, uint64_t *hi, uint64_t *lo) {
+#ifdef __SIZEOF_INT128__
+    unsigned __int128 r = (unsigned __int128)a * b;
+    *hi = (uint64_t)(r >> 64);
+    *lo = (uint64_t)r;
+#else
+    uint64_t a0 = (uint32_t)a, a1 = a >> 32, b0 = (uint32_t)b, b1 = b >> 32;
+    uint64_t p00 = a0 * b0, p01 = a0 * b1, p10 = a1 * b0, p11 = a1 * b1;
+    uint64_t mid = (p00 >> 32) + (uint32_t)p01 + (uint32_t)p10;
+    *lo = (mid << 32) | (uint32_t)p00;
+    *hi = p11 + (p01 >> 32) + (p10 >> 32) + (mid >> 32);
+#endif
+}
+
+static inline int leading_zeros(uint64_t x) {  /* (x != 0) */
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_clzll(x);
+#else
+    int n = 0;
+    for (; !(x >> 63); x <<= 1)
+        n++;
+    return n;
+#endif
+}
+
+/* m * 10^q (m below 10^19, exact) in *out, correctly rounded: 1; or 0 where a 128-bit product
+ * cannot be sure of the rounding (a near tie), the result is subnormal or infinite, or q is outside
+ * the table, and the caller's exact parser decides. The Eisel-Lemire algorithm (D. Lemire, "Number
+ * Parsing at a Gigabyte per Second", 2021), in the form Go's strconv and Wuffs use: its tests read
+ * tens of millions of tokens alike with CPython's parser (tests/test_native_scanner.py). Sign-less:
+ * the caller negates. Only where a token has more than 15 digits or a power of ten beyond 1e22
+ * (Clinger's exact path takes the others): the float32 values a writer widens, time stamps. */
+static int eisel_lemire(uint64_t m, int q, double *out) {
+    if (m == 0) {
+        *out = 0.0;
+        return 1;
+    }
+    if (q < POW10_MIN || q > POW10_MAX)
+        return 0;
+    int clz = leading_zeros(m);
+    m <<= clz;
+    /* floor(q * log2(10)), exact as (217706 * q) >> 16 over the table's range (a floor, not C's
+     * truncating division) */
+    long long t = 217706LL * q;
+    long long log2_floor = t >= 0 ? t / 65536 : -((-t + 65535) / 65536);
+    uint64_t exp2 = (uint64_t)(log2_floor + 64 + 1023) - (uint64_t)clz;
+    const uint64_t *pow = POWERS_OF_TEN[q - POW10_MIN];
+    uint64_t hi, lo;
+    mul_64(m, pow[0], &hi, &lo);
+    if ((hi & 0x1FF) == 0x1FF && lo + m < m) {  /* near a tie: the table's low half decides */
+        uint64_t yhi, ylo;
+        mul_64(m, pow[1], &yhi, &ylo);
+        uint64_t merged_hi = hi, merged_lo = lo + yhi;
+        if (merged_lo < lo)
+            merged_hi++;
+        if ((merged_hi & 0x1FF) == 0x1FF && merged_lo + 1 == 0 && ylo + m < m)
+            return 0;
+        hi = merged_hi;
+        lo = merged_lo;
+    }
+    uint64_t msb = hi >> 63;
+    uint64_t mantissa = hi >> (msb + 9);  /* 54 bits */
+    exp2 -= 1 ^ msb;
+    if (lo == 0 && (hi & 0x1FF) == 0 && (mantissa & 3) == 1)
+        return 0;  /* (exactly halfway, perhaps: the exact parser breaks the tie) */
+    mantissa += mantissa & 1;  /* to 53 bits, rounded */
+    mantissa >>= 1;
+    if (mantissa >> 53) {
+        mantissa >>= 1;
+        exp2++;
+    }
+    if (exp2 - 1 >= 0x7FF - 1)
+        return 0;  /* (subnormal, or beyond the largest double) */
+    uint64_t bits = exp2 << 52 | (mantissa & 0x000FFFFFFFFFFFFFULL);
+    memcpy(out, &bits, sizeof bits);
+    return 1;
+}
+
+/* The common number token in one pass, -?(0|[1-9][0-9]*)(.[0-9]+)? with at most 19 significant
+ * digits (exact in 64 bits; an integer at most 15, inside 2^53) and no exponent: its end, with
+ * *value, *kind and *as_float as number() gives them (the same operations); NULL for any other
+ * token, or one whose rounding Eisel and Lemire's path cannot be sure of, which number() reads in
+ * full. */
 static const unsigned char *plain_number(const unsigned char *p, const unsigned char *end, PyObject **value,
                                          int *kind, double *as_float) {
     const unsigned char *s = p;
@@ -163,7 +249,7 @@ static const unsigned char *plain_number(const unsigned char *p, const unsigned 
         p++;
     } else {
         for (; p < end && *p >= '0' && *p <= '9'; p++, sig++) {
-            if (sig == 15)
+            if (sig == 19)
                 return NULL;
             m = m * 10 + (unsigned long long)(*p - '0');
         }
@@ -174,22 +260,28 @@ static const unsigned char *plain_number(const unsigned char *p, const unsigned 
         p++;
         if (p >= end || *p < '0' || *p > '9')
             return NULL;
-        for (; p < end && *p >= '0' && *p <= '9'; p++) {
-            m = m * 10 + (unsigned long long)(*p - '0');
-            sig += m != 0;  /* (zeros before the first significant digit are not) */
-            if (sig > 15 || ++frac > 22)
+        for (; p < end && *p >= '0' && *p <= '9'; p++, frac++) {
+            /* (zeros before the first significant digit are not significant) */
+            if ((m != 0 || *p != '0') && ++sig > 19)
                 return NULL;
+            m = m * 10 + (unsigned long long)(*p - '0');
         }
     }
     if ((p < end && (*p == 'e' || *p == 'E')) || p - s > MAX_NUMBER)
         return NULL;
     if (frac == 0) {  /* an integer: below 10^15, inside 2^53 */
+        if (sig > 15)
+            return NULL;
         long long v = neg ? -(long long)m : (long long)m;
         *value = PyLong_FromLongLong(v);
         *as_float = (double)v;
         *kind = T_INT;
     } else {
-        double d = (double)m / POW10[frac];
+        double d;
+        if (sig <= 15 && frac <= 22)
+            d = (double)m / POW10[frac];
+        else if (!eisel_lemire(m, -frac, &d))
+            return NULL;
         *as_float = neg ? -d : d;
         *value = PyFloat_FromDouble(*as_float);
         *kind = T_FLOAT;
@@ -250,33 +342,27 @@ static const unsigned char *number(const unsigned char *p, const unsigned char *
         *kind = T_INT;
         return *value == NULL ? NULL : p;
     }
-    /* Clinger's fast path: up to 15 significant digits (exact in a double) and a power of ten
-     * up to 1e22 (exact): one rounded multiplication or division, correctly rounded as CPython's
-     * parser is. Else CPython's parser itself. */
+    /* The token's decimal significand m (up to 19 digits: exact in 64 bits) and exponent e, read
+     * by Clinger's fast path (up to 15 digits and a power of ten up to 1e22, all exact: one
+     * rounded operation) or Eisel and Lemire's (a 128-bit product, sure of its rounding or
+     * declining), each correctly rounded as CPython's parser is. Else CPython's parser itself. */
     {
         const unsigned char *q = s + (*s == '-');
         unsigned long long m = 0;
-        int digits = 0, scale = 0, lead = 1;
+        int digits = 0, e = 0, after_point = 0;
         for (; q < p && *q != 'e' && *q != 'E'; q++) {
             if (*q == '.') {
-                scale = 1;
+                after_point = 1;
                 continue;
             }
-            if (lead && *q == '0') {
-                if (scale)
-                    scale++;
-                continue;
-            }
-            lead = 0;
-            m = m * 10 + (unsigned long long)(*q - '0');
-            digits++;
-            if (scale)
-                scale++;
-            if (digits > 15)
+            e -= after_point;
+            if (digits == 0 && *q == '0')
+                continue;  /* (a leading zero) */
+            if (++digits > 19)
                 break;
+            m = m * 10 + (unsigned long long)(*q - '0');
         }
-        if (digits <= 15) {
-            int e = scale ? -(scale - 1) : 0;
+        if (digits <= 19) {
             if (q < p) {  /* an exponent */
                 const unsigned char *x = q + 1;
                 int neg = 0, ev = 0;
@@ -286,9 +372,11 @@ static const unsigned char *number(const unsigned char *p, const unsigned char *
                     ev = ev * 10 + (*x - '0');
                 e += neg ? -ev : ev;
             }
-            if (e >= -22 && e <= 22) {
-                double d = (double)m;
-                d = e < 0 ? d / POW10[-e] : d * POW10[e];
+            double d;
+            int exact = digits <= 15 && e >= -22 && e <= 22;
+            if (exact)
+                d = e < 0 ? (double)m / POW10[-e] : (double)m * POW10[e];
+            if (exact || eisel_lemire(m, e, &d)) {
                 *as_float = *s == '-' ? -d : d;
                 *value = PyFloat_FromDouble(*as_float);
                 *kind = T_FLOAT;
