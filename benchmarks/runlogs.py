@@ -9,12 +9,19 @@ whose steps take seconds has one every step or two, and the index must not slow 
 (stop 45 found such logs indexed up to ~15x slower than plain ones). Big files are written with
 pre-formatted line templates (~10x faster than :func:`gradmon.logformat.jsonl.encode_record` per
 record) and the templates' output is checked against the strict decoder on the first lines.
+
+``numbers="fixed"`` (the default, and the log of issue #26's tables) writes each float with a few
+fixed decimals (``"loss":2.357221``). ``numbers="writer"`` writes them as gradmon's writer does
+(``writer_step_record``): the device's float32 values widened to doubles and the host's timings,
+each as Python's shortest repr, up to 17 digits (``"loss":2.3572211265563965``): fewer repeats and
+longer numbers for a reader to parse.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import struct
 import time
 from typing import Any
 
@@ -22,6 +29,8 @@ from gradmon.logformat.jsonl import decode_line, encode_record
 
 SPIKE_EVERY = 10_000
 NONFINITE_EVERY = 100_000
+NUMBERS = ("fixed", "writer")  # how a log's floats are written (see the module docstring)
+BENCH_NUMBERS = "bench_numbers"  # the header's config key: NUMBERS' name, when not "fixed"
 BENCH_SYSTEM_EVERY = "bench_system_every"  # the header's config key: a system record every k steps
 
 
@@ -56,6 +65,35 @@ def step_record(step: int, ts: float, *, bench_wts: float | None = None) -> dict
         rec.update(grad_norm=50.0, zscore=9.0, spike=True, clipped=True)
     if bench_wts is not None:
         rec["bench_wts"] = bench_wts
+    return rec
+
+
+def _float32(x: float) -> float:
+    """``x`` rounded to a float32 and widened back, as a device's value reaches the writer."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+_WRITER_LR = _float32(1e-3)
+
+
+def writer_step_record(step: int, ts: float) -> dict[str, Any]:
+    """:func:`step_record`'s run as ``LiveMonitor`` writes it (its keys in its order): loss, norm,
+    clip coefficient, z-score and lr as float32s widened to doubles; the step time and throughput
+    measured on the host (a little jitter), and ``ts`` with a clock's jitter (under 0.1 ms), so
+    that it has a full double's digits, as ``time.time()`` gives."""
+    norm = 1.0 + 0.5 * math.cos(step * 0.11)
+    step_time = 0.0125 * (1.0 + 0.05 * math.sin(step * 1.3))
+    rec: dict[str, Any] = {
+        "type": "step", "step": step, "epoch": 1 + step // 1000, "ts": ts + 1e-4 * math.sin(step * 0.9) ** 2,
+        "loss": _float32(loss_at(step)), "grad_norm": _float32(norm),
+        "clip_coef": _float32(min(1.0, 1.0 / norm)), "zscore": _float32(0.1 * math.sin(step * 0.07)),
+        "lr": _WRITER_LR, "step_time": step_time,
+        "throughput": 64 / step_time,
+    }
+    if step % NONFINITE_EVERY == 0:
+        rec.update(loss=math.nan, grad_norm=math.inf, nonfinite=True, skipped=True)
+    elif step % SPIKE_EVERY == 0:
+        rec.update(grad_norm=50.0, zscore=9.0, spike=True, clipped=True)
     return rec
 
 
@@ -116,18 +154,38 @@ def _fast_line(step: int, ts: float) -> str:
     )
 
 
+_WRITER_TEMPLATE = (
+    '{{"type":"step","step":{step},"epoch":{epoch},"ts":{ts!r},"loss":{loss!r},"grad_norm":{grad_norm!r},'
+    '"clip_coef":{clip_coef!r},"zscore":{zscore!r},"lr":{lr!r},"step_time":{step_time!r},'
+    '"throughput":{throughput!r}}}\n'
+)
+
+
+def _writer_line(step: int, ts: float) -> str:
+    rec = writer_step_record(step, ts)
+    if len(rec) != 12:  # (a spike or a non-finite step: more keys, and NaN as the writer writes it)
+        return encode_record(rec)
+    return _WRITER_TEMPLATE.format(**rec)
+
+
 def generate_run_log(path: str, n_steps: int, *, t0: float = 1.7e9, end: bool = True,
-                     system_every: int = 0) -> dict[str, Any]:
+                     system_every: int = 0, numbers: str = "fixed") -> dict[str, Any]:
     """Write a run log of ``n_steps`` steps to ``path`` (atomically: ``path.tmp`` first); with
     ``end=False`` it has no ``end`` record, like a run still training; with ``system_every=k``
-    (> 0) a ``system`` record after every k-th step (the header's ``config`` says so).
+    (> 0) a ``system`` record after every k-th step; ``numbers``: how its floats are written (one
+    of ``NUMBERS``; the header's ``config`` says both).
 
     Returns ``{"records", "bytes", "seconds"}``."""
     if system_every < 0:
         raise ValueError(f"system_every must be >= 0, got {system_every}")
+    if numbers not in NUMBERS:
+        raise ValueError(f"numbers must be one of {NUMBERS}, got {numbers!r}")
+    step_line = _fast_line if numbers == "fixed" else _writer_line
     for s in (1, 2, 3, SPIKE_EVERY, NONFINITE_EVERY):  # the fast templates must stay valid records
-        a = decode_line(_fast_line(s, t0 + s * 0.01))
+        a = decode_line(step_line(s, t0 + s * 0.01))
         assert a["step"] == s and a["type"] == "step", a
+        if numbers == "writer":
+            assert encode_record(a) == step_line(s, t0 + s * 0.01), a  # (what the writer writes)
         sys_rec = decode_line(_system_line(s, t0 + s * 0.01))
         assert sys_rec == system_record(s, round(t0 + s * 0.01, 3)), sys_rec
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -135,11 +193,14 @@ def generate_run_log(path: str, n_steps: int, *, t0: float = 1.7e9, end: bool = 
     started = time.perf_counter()
     records = 0
     with open(tmp, "w", encoding="utf-8", buffering=1 << 20) as f:
-        f.write(encode_record(header(config={BENCH_SYSTEM_EVERY: system_every} if system_every else None)))
+        config: dict[str, Any] = {BENCH_SYSTEM_EVERY: system_every} if system_every else {}
+        if numbers != "fixed":
+            config[BENCH_NUMBERS] = numbers
+        f.write(encode_record(header(config=config)))
         chunk: list[str] = []
         for s in range(1, n_steps + 1):
             ts = t0 + s * 0.01
-            chunk.append(_fast_line(s, ts))
+            chunk.append(step_line(s, ts))
             if system_every and s % system_every == 0:
                 chunk.append(_system_line(s, ts))
             if s % SPIKE_EVERY == 0:
@@ -171,9 +232,9 @@ def generate_run_log(path: str, n_steps: int, *, t0: float = 1.7e9, end: bool = 
     return {"records": records, "bytes": os.path.getsize(path), "seconds": time.perf_counter() - started}
 
 
-def ensure_run_log(path: str, n_steps: int, system_every: int = 0) -> dict[str, Any]:
+def ensure_run_log(path: str, n_steps: int, system_every: int = 0, numbers: str = "fixed") -> dict[str, Any]:
     """Reuse ``path`` if it is complete (ends with an ``end`` record of ``n_steps``) and its header
-    says it has ``system_every``'s records, else generate it."""
+    says it has ``system_every``'s records and ``numbers``' floats, else generate it."""
     if os.path.exists(path):
         try:
             with open(path, "rb") as f:
@@ -182,10 +243,11 @@ def ensure_run_log(path: str, n_steps: int, system_every: int = 0) -> dict[str, 
                 last = f.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
             rec = decode_line(last)
             if rec.get("type") == "end" and rec.get("steps") == n_steps \
-                    and first.get("config", {}).get(BENCH_SYSTEM_EVERY, 0) == system_every:
+                    and first.get("config", {}).get(BENCH_SYSTEM_EVERY, 0) == system_every \
+                    and first.get("config", {}).get(BENCH_NUMBERS, "fixed") == numbers:
                 return {"reused": True, "bytes": os.path.getsize(path)}
         except Exception:  # unreadable or partial: generate again
             pass
-    info = generate_run_log(path, n_steps, system_every=system_every)
+    info = generate_run_log(path, n_steps, system_every=system_every, numbers=numbers)
     info["reused"] = False
     return info

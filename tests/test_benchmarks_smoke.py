@@ -16,6 +16,7 @@ from benchmarks.alarms_report import render as render_alarms
 from benchmarks.report import render
 from benchmarks.runlogs import generate_run_log
 from benchmarks.stats import bracket_schedule, bracketed_ratios, percentile, steps_per_block, summarize
+from gradmon.logformat.jsonl import encode_record
 from gradmon.logformat.reader import ReadStats, read_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,6 +101,35 @@ def test_generated_run_log_with_system_records(tmp_path):
     assert not [r for r in read_records(path) if r["type"] == "system"]
     with pytest.raises(ValueError):
         generate_run_log(path, 10, system_every=-1)
+
+
+def test_generated_run_log_with_the_writer_s_numbers(tmp_path):
+    from benchmarks.runlogs import ensure_run_log, writer_step_record
+
+    path = str(tmp_path / "r" / "metrics.jsonl")
+    info = generate_run_log(path, 20_000, numbers="writer")
+    stats = ReadStats()
+    records = list(read_records(path, stats=stats))
+    assert stats.malformed == 0 and info["records"] == len(records)
+    assert records[0]["config"] == {"bench_numbers": "writer"}
+    steps = [r for r in records if r["type"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 20_001))
+    assert [r["step"] for r in steps if r.get("spike")] == [10_000, 20_000]
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    # Each line is what the writer writes for its record, floats at full length (float32 values
+    # widened: most have 16 or more digits).
+    for line in lines[1:200]:
+        assert encode_record(json.loads(line)) == line
+    loss_digits = [len(repr(r["loss"]).lstrip("-0.").replace(".", "")) for r in steps[:1000]]
+    assert sorted(loss_digits)[500] >= 16
+    assert steps[6] == writer_step_record(7, 1.7e9 + 7 * 0.01)  # (generate_run_log's default clock)
+    # a log is reused only with the numbers asked for
+    assert ensure_run_log(path, 20_000, numbers="writer")["reused"]
+    assert not ensure_run_log(path, 20_000)["reused"]
+    assert "bench_numbers" not in next(read_records(path))["config"]
+    with pytest.raises(ValueError):
+        generate_run_log(path, 10, numbers="short")
 
 
 def _numbers_in(d):
