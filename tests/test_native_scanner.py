@@ -27,7 +27,7 @@ from gradmon.logformat.values import number
 from gradmon.server import native
 from gradmon.server.columns import MISSING, MISSING_BITS
 from gradmon.server.parse import KeyColumns, parse_lines
-from gradmon.server.steprecords import LineRecords, StepRecords
+from gradmon.server.steprecords import LineRecords, StepRecords, scanned_column
 
 _HEADERS = os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
 _CC = any(shutil.which(cc) for cc in ("cc", "gcc", "clang"))
@@ -119,7 +119,7 @@ def _scan_steps(texts: list[bytes | None]) -> tuple:
     not_steps), each record checked against its shape on the way."""
     scan = native.scanner()
     shapes, undecided, columns, types, floats, rows, not_steps = scan.scan_steps(list(texts))
-    steps = StepRecords.scanned(columns, shapes, rows, scan.build_records)
+    steps = StepRecords.scanned(columns, floats, shapes, rows, scan.build_records)
     records = LineRecords(steps, not_steps, len(texts)) if not_steps else steps
     made = list(records)
     # A shape starts at the first step record and wherever the keys' order changes, nowhere else.
@@ -253,6 +253,28 @@ def test_the_scanner_decides_the_writers_lines():
     assert columns["lr"] == [0.001, None] and columns["zscore"] == [None, -3.25]
 
 
+@needs_scanner
+def test_a_column_of_floats_alone_is_made_when_read_and_once():
+    recs = [{"type": "step", "step": s, "lr": 0.1 * s, "mixed": 1 if s == 2 else s / 4,
+             "text": 0.5 if s < 3 else "x", "gap": 2.5} for s in range(1, 5)]
+    del recs[1]["gap"]
+    texts = [encode_record(r).rstrip("\n").encode() for r in recs]
+    scan = native.scanner()
+    shapes, _undecided, columns, types, floats, rows, _not_steps = scan.scan_steps(texts)
+    # Only "lr" holds floats alone: no object made. The floats among other values are made, exactly.
+    assert [k for k, c in columns.items() if c is None] == ["lr"]
+    assert columns["mixed"] == [0.25, 1, 0.75, 1.0] and type(columns["mixed"][1]) is int
+    assert columns["text"] == [0.5, 0.5, "x", "x"] and columns["gap"] == [2.5, None, 2.5, 2.5]
+    # The records and the batch's columns make "lr" once, from its float64s, and share it.
+    steps = StepRecords.scanned(columns, floats, shapes, rows, scan.build_records)
+    cols = KeyColumns(steps)
+    cols.prefill(columns, types, floats)
+    lr = cols.values("lr")
+    assert lr == [0.1 * s for s in range(1, 5)] and columns["lr"] is lr and cols.values("lr") is lr
+    assert list(steps) == recs and steps[3]["lr"] is lr[3]
+    assert cols.sliced(1, 3).values("lr") == lr[1:3]
+
+
 def _pairs(texts: list[bytes | None]) -> list[tuple[int, bytes | None]]:
     out, end = [], 0
     for t in texts:
@@ -329,6 +351,21 @@ def test_a_missing_compiler_is_named_and_the_python_path_indexes(tmp_path):
     # (the message of docs/troubleshooting.md, "A slow first index", once)
     assert stderr.count("indexing without the compiled line scanner (the Python path, about twice as slow "
                         "on big logs): no C compiler found") == 1
+
+
+@needs_scanner
+def test_a_module_whose_self_test_raises_is_not_used(monkeypatch, caplog):
+    # (the self-test's own checks raise NativeBuildError; a module that raises anything else on
+    # the way, as a changed scan_steps once did, is broken as well: the Python path indexes)
+    def broken(module):
+        raise ValueError("build_records: each column a list of at least stop values")
+
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(native, "_self_test", broken)
+    assert native.scanner() is None
+    assert native.unavailable_reason() == "ValueError: build_records: each column a list of at least stop " \
+                                          "values"
+    assert "indexing without the compiled line scanner" in caplog.text
 
 
 @needs_scanner
@@ -429,7 +466,9 @@ def _scanned_floats(tokens: list[str]) -> list[float | None]:
         if not undecided:
             for j in range(len(chunk)):
                 value = struct.unpack("<d", floats[f"k{j}"])[0]
-                assert repr(columns[f"k{j}"][0]) == repr(value)  # (the column's object is the same)
+                # (a column of floats alone is made when read, from the float64s: the same)
+                assert columns[f"k{j}"] is None
+                assert repr(scanned_column(columns, floats, f"k{j}")[0]) == repr(value)
                 out.append(value)
             continue
         for t in chunk:

@@ -45,8 +45,8 @@ def _records(rng: random.Random, n: int) -> list[dict]:
 
 def _scanned(recs: list[dict]) -> tuple[StepRecords, list[int]]:
     scan = native.scanner()
-    shapes, _undecided, columns, _types, _floats, rows, holes = scan.scan_steps([_line(r) for r in recs])
-    return StepRecords.scanned(columns, shapes, rows, scan.build_records), holes
+    shapes, _undecided, columns, _types, floats, rows, holes = scan.scan_steps([_line(r) for r in recs])
+    return StepRecords.scanned(columns, floats, shapes, rows, scan.build_records), holes
 
 
 @needs_scanner
@@ -110,6 +110,25 @@ def test_a_cold_index_makes_few_step_records():
         ref.add_lines([(end, line)], pairs[k - 1][0] if k else 0)
     assert ref.steps.marks == idx.steps.marks and (ref.last_ts, ref.first_ts) == (idx.last_ts, idx.first_ts)
     assert ref.steps.pyramid.base.size == idx.steps.pyramid.base.size
+
+
+@needs_scanner
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([None, "absent", 0, 7, -2.5, 1.7e9 + 0.125, 2**53]), min_size=1, max_size=12))
+def test_a_batch_s_first_and_last_ts_are_its_first_and_last_finite_number(stamps):
+    # (read off the scanner's float64 column, no record made for them: null or no ts is no number)
+    recs = []
+    for s, ts in enumerate(stamps, 1):
+        rec = {"type": "step", "step": s, "loss": 0.5}
+        if ts != "absent":
+            rec["ts"] = ts
+        recs.append(rec)
+    idx = RunIndex()
+    parsed = idx.add_lines(line_pairs([_line(r) for r in recs]), 0)
+    assert isinstance(parsed.records, StepRecords)
+    numbers = [float(t) for t in stamps if type(t) in (int, float)]
+    assert (idx.first_ts, idx.last_ts) == ((numbers[0], numbers[-1]) if numbers else (None, None))
+    assert all(type(t) is float for t in (idx.first_ts, idx.last_ts) if t is not None)
 
 
 @needs_scanner

@@ -125,8 +125,10 @@ class RunIndex:
         else:
             self._add_mixed(recs, offsets, check, kinds, parsed.step_columns)
         if isinstance(recs, StepRecords) and cols is not None and cols.records is recs:
-            # (the compiled scanner's records are made when read: their ts column, taken already)
-            stamps: Sequence[Any] = cols.values(TS) if TS in cols.key_set() else []
+            # (the compiled scanner's records are made when read: their ts as its float64 column
+            # has them, values.number's reading, NaN where none; no object made per record)
+            raw = cols.floats(TS)
+            stamps: Sequence[Any] = memoryview(raw).cast("d") if raw is not None else []
         else:
             stamps = _Stamps(recs)
         self.last_ts = next((ts for v in reversed(stamps) if (ts := finite(v)) is not None), self.last_ts)

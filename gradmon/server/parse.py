@@ -29,7 +29,7 @@ from gradmon.logformat.jsonl import STRICT_DECODER, RecordError, decode_record, 
 from gradmon.logformat.schema import INT_FIELDS, INT_MAX, INT_MIN, MARK_FLAGS, NUMBER_FIELDS
 from gradmon.logformat.values import FAST_TYPES
 from gradmon.server.native import scanner as _native_scanner
-from gradmon.server.steprecords import LineRecords, StepRecords
+from gradmon.server.steprecords import LineRecords, StepRecords, scanned_column
 
 __all__ = ["KeyColumns", "ParsedLines", "parse_lines"]
 
@@ -70,7 +70,8 @@ class KeyColumns:
     here, the pyramid's summaries (``steps.py``), the sidecar's rows (``columns.step_rows``) and the
     alarm rule. A column is a list nobody may change."""
 
-    __slots__ = ("_floats", "_increasing", "_keys", "_no_bools", "_part_of", "_types", "_values", "records")
+    __slots__ = ("_floats", "_increasing", "_keys", "_no_bools", "_part_of", "_scanned", "_types", "_values",
+                 "records")
 
     def __init__(self, records: Sequence[dict]) -> None:
         self.records = records
@@ -81,6 +82,7 @@ class KeyColumns:
         self._increasing: bool | None = None
         self._part_of: tuple[KeyColumns, int, int] | None = None  # (whole, start, stop): sliced()
         self._floats: dict[str, bytes] | None = None  # prefill()
+        self._scanned: dict[str, list[Any] | None] | None = None  # prefill(): the scanner's columns
 
     def sliced(self, start: int, stop: int) -> KeyColumns:
         """The columns of ``records[start:stop]``, each a slice of this one's (a mixed batch's
@@ -90,11 +92,15 @@ class KeyColumns:
         part._part_of = (self, start, stop)
         return part
 
-    def prefill(self, columns: dict[str, list[Any]], types: dict[str, int], floats: dict[str, bytes]) -> None:
+    def prefill(self, columns: dict[str, list[Any] | None], types: dict[str, int],
+                floats: dict[str, bytes]) -> None:
         """Take the columns and types of every key of the records as the compiled scanner found
-        them (``native.py``: ``types`` as bit masks), and their float64 columns (:meth:`floats`)."""
+        them (``native.py``: ``types`` as bit masks), and their float64 columns (:meth:`floats`).
+        A column the scanner left to be made when read (``None``: every value a float) is made
+        by :meth:`values` into ``columns``, which the records share (``steprecords.scanned_column``)."""
         self._floats = floats
-        self._values.update(columns)
+        self._scanned = columns
+        self._values.update((key, column) for key, column in columns.items() if column is not None)
         self._types.update((key, _MASK_TYPES[mask]) for key, mask in types.items())
         self._keys = set(columns)
         self._no_bools = not any(mask & _BOOL_BIT for mask in types.values())
@@ -209,6 +215,8 @@ class KeyColumns:
             if self._part_of is not None:
                 whole, start, stop = self._part_of
                 got = self._values[key] = whole.values(key)[start:stop]
+            elif self._scanned is not None and key in self._scanned:
+                got = self._values[key] = scanned_column(self._scanned, self._floats, key)  # type: ignore[arg-type]
             else:
                 got = self._values[key] = list(map(dict.get, self.records, repeat(key)))
         return got
@@ -605,7 +613,7 @@ def _candidates_native(scan: Any, texts: list[bytes | None]) -> tuple[
     undecided (nested values, escapes, non-ASCII, no ``type``...) are parsed here by orjson, as
     there."""
     shapes, undecided, columns, types, floats, rows, holes = scan.scan_steps(texts)
-    steps: Any = StepRecords.scanned(columns, shapes, rows, scan.build_records)
+    steps: Any = StepRecords.scanned(columns, floats, shapes, rows, scan.build_records)
     decoded: Any = LineRecords(steps, holes, len(texts)) if holes else steps
     typeless: set[int] = set()
     scanned: tuple[dict, dict, dict] | None = (columns, types, floats) if rows else None

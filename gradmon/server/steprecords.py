@@ -11,6 +11,10 @@ is a batch's records line by line (``None`` where a line holds no step record, u
 puts the record it decoded there), the step records among them being a :class:`StepRecords`'.
 
 Both read as lists (``len``, indexing, slices, iteration, ``==`` with a list) and pickle as lists.
+
+A column whose every value is a float is not made by the scanner either (most of them, the lr,
+the timings, the clip coefficient, are never read as objects while a run is indexed):
+:func:`scanned_column` makes it from the float64 column the scanner took, the first time it is read.
 """
 
 from __future__ import annotations
@@ -19,17 +23,28 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["LineRecords", "StepRecords"]
+__all__ = ["LineRecords", "StepRecords", "scanned_column"]
+
+
+def scanned_column(columns: dict[str, list[Any] | None], floats: dict[str, bytes], key: str) -> list[Any]:
+    """The key's column of what ``scan_steps`` returned (``columns``, ``floats``): the list, made
+    from its float64s the first time it is read where the scanner made none (every value a float:
+    the same doubles, bit for bit), and kept in ``columns`` for whoever reads it next."""
+    got = columns[key]
+    if got is None:
+        got = columns[key] = memoryview(floats[key]).cast("d").tolist()
+    return got
 
 
 class _Rows:
     """What the records of one batch share: the columns, the shapes and the dicts made so far."""
 
-    __slots__ = ("build", "columns", "keys", "made", "rows", "starts")
+    __slots__ = ("build", "columns", "floats", "keys", "made", "rows", "starts")
 
-    def __init__(self, columns: dict[str, list[Any]], shapes: list[tuple[int, tuple[str, ...]]],
-                 rows: int, build: Any) -> None:
-        self.columns = columns
+    def __init__(self, columns: dict[str, list[Any] | None], floats: dict[str, bytes],
+                 shapes: list[tuple[int, tuple[str, ...]]], rows: int, build: Any) -> None:
+        self.columns = columns  # (None: a column of floats not made yet, see scanned_column)
+        self.floats = floats
         self.starts = [first for first, _keys in shapes]
         self.keys = [keys for _first, keys in shapes]
         self.rows = rows
@@ -43,8 +58,11 @@ class _Rows:
         rec = made[r]
         if rec is None:
             keys = self.keys[bisect_right(self.starts, r) - 1]
-            rec = made[r] = dict(zip(keys, [self.columns[k][r] for k in keys]))
+            rec = made[r] = dict(zip(keys, [self.column(k)[r] for k in keys]))
         return rec
+
+    def column(self, key: str) -> list[Any]:
+        return scanned_column(self.columns, self.floats, key)
 
     def runs(self, start: int, stop: int) -> Iterator[tuple[int, int, tuple[str, ...]]]:
         """``(lo, hi, keys)``: rows ``[start, stop)`` cut where the shape changes."""
@@ -63,7 +81,7 @@ class _Rows:
             made = self.made = [None] * self.rows
         for lo, hi, keys in self.runs(start, stop):
             if None in made[lo:hi]:
-                built = self.build(keys, [self.columns[k] for k in keys], lo, hi)
+                built = self.build(keys, [self.column(k) for k in keys], lo, hi)
                 if made[lo:hi].count(None) == hi - lo:
                     made[lo:hi] = built
                 else:  # (some were read already: those stay the objects handed out)
@@ -93,7 +111,8 @@ class _ListLike(Sequence):
 
 class StepRecords(_ListLike):
     """The step records ``[start, stop)`` of a batch, as dicts made when read (module docstring).
-    ``StepRecords.scanned(columns, shapes, rows, build)`` takes what ``scan_steps`` returned."""
+    ``StepRecords.scanned(columns, floats, shapes, rows, build)`` takes what ``scan_steps``
+    returned."""
 
     __slots__ = ("_rows", "_start", "_stop")
 
@@ -103,9 +122,9 @@ class StepRecords(_ListLike):
         self._stop = stop
 
     @classmethod
-    def scanned(cls, columns: dict[str, list[Any]], shapes: list[tuple[int, tuple[str, ...]]], rows: int,
-                build: Any) -> StepRecords:
-        return cls(_Rows(columns, shapes, rows, build), 0, rows)
+    def scanned(cls, columns: dict[str, list[Any] | None], floats: dict[str, bytes],
+                shapes: list[tuple[int, tuple[str, ...]]], rows: int, build: Any) -> StepRecords:
+        return cls(_Rows(columns, floats, shapes, rows, build), 0, rows)
 
     def __len__(self) -> int:
         return self._stop - self._start

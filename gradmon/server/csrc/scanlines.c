@@ -11,7 +11,9 @@
  *   undecided  the positions of the lines this scanner does not decide (the caller's orjson and
  *              decode_record do, as without it);
  *   columns    {key: list} over the step records in order, None where a record lacks the key
- *              (parse.KeyColumns.values);
+ *              (parse.KeyColumns.values); None for a key whose every value is a float, of which
+ *              no object is made (most such columns are never read as objects; the float64
+ *              column holds them: steprecords.scanned_column makes the list when it is read);
  *   types      {key: bit mask of int 1, float 2, str 4, bool 8, None 16} (KeyColumns.types);
  *   floats     {key: bytes}: the column as native float64s, MISSING_BITS where no number (a bool,
  *              text, null or no value: columns.step_rows' reading of values.number);
@@ -233,13 +235,25 @@ static int eisel_lemire(uint64_t m, int q, double *out) {
     return 1;
 }
 
+/* A float token read (its end p, its value d): *value the float object, or NULL when lazy (a
+ * scan_steps column: made only where the column holds other values too, see there); NULL with
+ * MemoryError where the object cannot be made. */
+static inline const unsigned char *a_float(PyObject **value, double d, int lazy, const unsigned char *p) {
+    if (lazy) {
+        *value = NULL;
+        return p;
+    }
+    *value = PyFloat_FromDouble(d);
+    return *value == NULL ? NULL : p;
+}
+
 /* The common number token in one pass, -?(0|[1-9][0-9]*)(.[0-9]+)? with at most 19 significant
  * digits (exact in 64 bits; an integer at most 15, inside 2^53) and no exponent: its end, with
  * *value, *kind and *as_float as number() gives them (the same operations); NULL for any other
  * token, or one whose rounding Eisel and Lemire's path cannot be sure of, which number() reads in
  * full. */
 static const unsigned char *plain_number(const unsigned char *p, const unsigned char *end, PyObject **value,
-                                         int *kind, double *as_float) {
+                                         int *kind, double *as_float, int lazy) {
     const unsigned char *s = p;
     int neg = p < end && *p == '-';
     unsigned long long m = 0;
@@ -283,19 +297,19 @@ static const unsigned char *plain_number(const unsigned char *p, const unsigned 
         else if (!eisel_lemire(m, -frac, &d))
             return NULL;
         *as_float = neg ? -d : d;
-        *value = PyFloat_FromDouble(*as_float);
         *kind = T_FLOAT;
+        return a_float(value, *as_float, lazy, p);
     }
     return *value == NULL ? NULL : p;
 }
 
 /* A number token at p (JSON grammar); *value a new int or float, NULL when not decided here. */
 static const unsigned char *number(const unsigned char *p, const unsigned char *end, PyObject **value, int *kind,
-                                   double *as_float) {
+                                   double *as_float, int lazy) {
     const unsigned char *s = p;
     int is_float = 0;
     *value = NULL;
-    const unsigned char *q = plain_number(p, end, value, kind, as_float);
+    const unsigned char *q = plain_number(p, end, value, kind, as_float, lazy);
     if (q != NULL || PyErr_Occurred())
         return q;
     if (p < end && *p == '-')
@@ -378,9 +392,8 @@ static const unsigned char *number(const unsigned char *p, const unsigned char *
                 d = e < 0 ? (double)m / POW10[-e] : (double)m * POW10[e];
             if (exact || eisel_lemire(m, e, &d)) {
                 *as_float = *s == '-' ? -d : d;
-                *value = PyFloat_FromDouble(*as_float);
                 *kind = T_FLOAT;
-                return *value == NULL ? NULL : p;
+                return a_float(value, *as_float, lazy, p);
             }
         }
     }
@@ -396,15 +409,14 @@ static const unsigned char *number(const unsigned char *p, const unsigned char *
     if (stop != buf + n || !isfinite(d))
         return NULL;  /* (1e999: orjson refuses it, the standard library reads inf) */
     *as_float = d;
-    *value = PyFloat_FromDouble(d);
     *kind = T_FLOAT;
-    return *value == NULL ? NULL : p;
+    return a_float(value, d, lazy, p);
 }
 
 /* Scan one line: 1 decided (fields in ents/vals, *nf of them, *is_step set), 0 undecided, -1 error. */
 static int scan_line(Table *t, const unsigned char *p, const unsigned char *end, Py_ssize_t line,
                      Entry **ents, PyObject **vals, int *kinds, double *nums, const unsigned char **toks,
-                     Py_ssize_t *tlens, int *nf, int *is_step, Entry **order, int norder) {
+                     Py_ssize_t *tlens, int *nf, int *is_step, Entry **order, int norder, int lazy) {
     int has_type = 0;
     *nf = 0;
     *is_step = 0;
@@ -451,7 +463,7 @@ static int scan_line(Table *t, const unsigned char *p, const unsigned char *end,
         Py_ssize_t last = e->last_len;
         if (e->last_tok != NULL && end - p > last && ENDS_VALUE(p[last]) && same_bytes(p, e->last_tok, last)) {
             v = e->last_val;  /* (the token ends where the last one did: the same JSON value) */
-            Py_INCREF(v);
+            Py_XINCREF(v);  /* (NULL: a lazy float) */
             kind = e->last_kind;
             num = e->last_num;
             p += last;
@@ -477,7 +489,7 @@ static int scan_line(Table *t, const unsigned char *p, const unsigned char *end,
         } else if (c == 'n' && end - p >= 4 && memcmp(p, "null", 4) == 0) {
             v = Py_None; Py_INCREF(v); kind = T_NONE; p += 4;
         } else if (c == '-' || (c >= '0' && c <= '9')) {
-            p = number(p, end, &v, &kind, &num);
+            p = number(p, end, &v, &kind, &num, lazy);
             if (p == NULL)
                 return PyErr_Occurred() ? -1 : 0;
         } else {
@@ -522,7 +534,7 @@ static void backfill(Entry *e, Py_ssize_t rows) {
 
 static void release(PyObject **vals, int nf) {
     for (int k = 0; k < nf; k++)
-        Py_DECREF(vals[k]);
+        Py_XDECREF(vals[k]);  /* (NULL: a lazy float) */
 }
 
 static void clear_table(Table *t) {
@@ -579,14 +591,14 @@ static void scratch_free(Scratch *s) {
 }
 
 /* scan_line of texts' line i (bytes, or None for an oversize line: undecided) with a scratch. */
-static int scan_text(Scratch *s, PyObject *item, Py_ssize_t i, int *nf, int *is_step, int norder) {
+static int scan_text(Scratch *s, PyObject *item, Py_ssize_t i, int *nf, int *is_step, int norder, int lazy) {
     *nf = 0;
     *is_step = 0;
     if (!PyBytes_Check(item))
         return 0;
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(item);
     return scan_line(s->t, p, p + PyBytes_GET_SIZE(item), i, s->ents, s->vals, s->kinds, s->nums, s->toks, s->tlens,
-                     nf, is_step, s->order, norder);
+                     nf, is_step, s->order, norder, lazy);
 }
 
 static PyObject *scan_steps(PyObject *self, PyObject *texts) {
@@ -619,7 +631,7 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyList_GET_ITEM(texts, i);
         int nf, is_step;
-        int got = scan_text(&sc, item, i, &nf, &is_step, norder);
+        int got = scan_text(&sc, item, i, &nf, &is_step, norder, 1);
         if (got < 0) {
             release(vals, nf);
             goto done;
@@ -698,8 +710,22 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
         if (e->column == NULL)
             continue;
         backfill(e, rows);
+        PyObject *column = e->column;
+        if (e->mask == T_FLOAT) {
+            column = Py_None;  /* (every value a float: none made; the float64 column holds them) */
+        } else if (e->mask & T_FLOAT) {  /* the floats among other values: made now */
+            for (Py_ssize_t r = 0; r < rows; r++) {
+                if (PyList_GET_ITEM(column, r) != NULL)
+                    continue;
+                PyObject *f = PyFloat_FromDouble(e->floats[r]);
+                if (f == NULL)
+                    goto done;
+                PyList_SET_ITEM(column, r, f);
+            }
+        }
         /* (the slots past the step records are empty: list_ass_slice lets go of NULLs) */
-        if (PyList_SetSlice(e->column, rows, n, NULL) < 0 || PyDict_SetItem(columns, e->key, e->column) < 0)
+        if ((column != Py_None && PyList_SetSlice(column, rows, n, NULL) < 0) ||
+            PyDict_SetItem(columns, e->key, column) < 0)
             goto done;
         PyObject *mask = PyLong_FromLong(e->mask);
         if (mask == NULL || PyDict_SetItem(types, e->key, mask) < 0) {
@@ -797,7 +823,7 @@ static PyObject *scan_records(PyObject *self, PyObject *texts) {
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyList_GET_ITEM(texts, i);
         int nf, is_step;
-        int got = scan_text(&sc, item, i, &nf, &is_step, 0);
+        int got = scan_text(&sc, item, i, &nf, &is_step, 0, 0);
         if (got <= 0) {
             release(sc.vals, nf);
             if (got < 0) {
