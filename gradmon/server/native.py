@@ -277,7 +277,7 @@ def scanner() -> ModuleType | None:
                         reason = f"{type(exc).__name__}: {reason}"
                     _state["reason"] = reason
                     log.warning("indexing without the compiled line scanner (the Python path, about "
-                                "twice as slow on big logs): %s", reason)
+                                "three times as slow on big logs): %s", reason)
             _state["module"] = module
     return _state["module"]
 
