@@ -267,6 +267,7 @@ def test_a_column_of_floats_alone_is_made_when_read_and_once():
     assert columns["text"] == [0.5, 0.5, "x", "x"] and columns["gap"] == [2.5, None, 2.5, 2.5]
     # The records and the batch's columns make "lr" once, from its float64s, and share it.
     steps = StepRecords.scanned(columns, floats, shapes, rows, scan.build_records)
+    assert steps[2] == recs[2] and columns["lr"] is None  # (one record read: its value alone)
     cols = KeyColumns(steps)
     cols.prefill(columns, types, floats)
     lr = cols.values("lr")

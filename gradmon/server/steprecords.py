@@ -58,7 +58,11 @@ class _Rows:
         rec = made[r]
         if rec is None:
             keys = self.keys[bisect_right(self.starts, r) - 1]
-            rec = made[r] = dict(zip(keys, [self.column(k)[r] for k in keys]))
+            columns = self.columns
+            # (a column of floats not made yet gives this record its value alone: a batch's few
+            # records read one by one, a spike's, do not make every column)
+            rec = made[r] = dict(zip(keys, [col[r] if (col := columns[k]) is not None else
+                                            memoryview(self.floats[k]).cast("d")[r] for k in keys]))
         return rec
 
     def column(self, key: str) -> list[Any]:
