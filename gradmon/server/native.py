@@ -184,6 +184,12 @@ def _self_test(module: ModuleType) -> None:
              "x": missing * 2, "f": missing * 2, "n": missing * 2}, 2, [2, 3, 4])
     if got != want:
         raise NativeBuildError(f"the compiled scanner's self-test failed: {got!r}")
+    # Numbers beyond Clinger's exact path (Eisel and Lemire's): as float() reads them, bit for bit.
+    tokens = (b"2.3572208881378174", b"1796685804.0480554", b"1e23", b"-4.9406564584124654e-300")
+    line = b'{"type":"step",' + b",".join(b'"k%d":%s' % (i, t) for i, t in enumerate(tokens)) + b"}"
+    floats = module.scan_steps([line])[4]
+    if [floats.get(f"k{i}") for i in range(len(tokens))] != [struct.pack("<d", float(t)) for t in tokens]:
+        raise NativeBuildError(f"the compiled number reading's self-test failed: {floats!r}")
     keys = want[0][0][1]
     cols = [want[2][k] if k != "loss" else [0.5, 0.001] for k in keys]  # (loss: made when read)
     got = (module.build_records(keys, cols, 0, 1), module.build_records(keys[:2], cols[:2], 0, 2))
