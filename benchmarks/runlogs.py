@@ -13,7 +13,7 @@ record) and the templates' output is checked against the strict decoder on the f
 ``numbers="fixed"`` (the default, and the log of issue #26's tables) writes each float with a few
 fixed decimals (``"loss":2.357221``). ``numbers="writer"`` writes them as gradmon's writer does
 (``writer_step_record``): the device's float32 values widened to doubles and the host's timings,
-each as Python's shortest repr, up to 17 digits (``"loss":2.3572211265563965``): fewer repeats and
+each as Python's shortest repr, up to 17 digits (``"loss":2.3572208881378174``): fewer repeats and
 longer numbers for a reader to parse.
 """
 
