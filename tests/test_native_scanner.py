@@ -4,6 +4,7 @@ it and without it; and without a compiler the index still works (the Python path
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import sys
 import sysconfig
 from array import array
 from fractions import Fraction
+from typing import Any
 
 import orjson
 import pytest
@@ -455,10 +457,11 @@ _HARD_TOKENS = [
 ]
 
 
-def _scanned_floats(tokens: list[str]) -> list[float | None]:
-    """Each token as the scanner reads it (its float64 column's value), ``None`` where it leaves
-    the token to orjson: 64 tokens to a line, a line with one left read token by token."""
-    scan = native.scanner().scan_steps
+def _scanned_floats(tokens: list[str], module: Any = None) -> list[float | None]:
+    """Each token as the scanner (``module``, else the one the server uses) reads it (its float64
+    column's value), ``None`` where it leaves the token to orjson: 64 tokens to a line, a line with
+    one left read token by token."""
+    scan = (module or native.scanner()).scan_steps
     out: list[float | None] = []
     for i in range(0, len(tokens), 64):
         chunk = [t.encode() for t in tokens[i:i + 64]]
@@ -566,6 +569,25 @@ def test_an_integer_beyond_2_to_the_53_is_left_to_orjson():
         assert (records[0] is not None) == decided and (undecided == []) == decided, v
         if decided:
             assert records[0]["v"] == v and type(records[0]["v"]) is int
+
+
+@needs_scanner
+def test_the_portable_128_bit_product_reads_floats_alike(tmp_path):
+    # (Eisel and Lemire's product of two 64-bit halves without __int128, for compilers that lack
+    # it: built here with the macro that selects it, self-tested, and read over the same tokens)
+    (tmp_path / "powers_of_ten.h").write_text(native.powers_of_ten_header(), encoding="ascii")
+    out = tmp_path / ("_scanlines" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    cmd = [native._compiler(dict(os.environ)), *native.CC_FLAGS, "-DGRADMON_PORTABLE_MUL",
+           f"-I{sysconfig.get_paths()['include']}", f"-I{tmp_path}", "-o", str(out), str(native.SOURCE)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    portable = native._load(out)
+    native._self_test(portable)
+    tokens = _float_tokens(random.Random(7), 3000) + _HARD_TOKENS
+
+    def bits(values: list[float | None]) -> list[bytes | None]:
+        return [None if v is None else struct.pack("<d", v) for v in values]
+
+    assert bits(_scanned_floats(tokens, portable)) == bits(_scanned_floats(tokens))
 
 
 _M4_VALUES = st.one_of(

@@ -156,9 +156,10 @@ static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9,
  * Python's exact integers (no table to keep by hand). */
 #include "powers_of_ten.h"
 
-/* The 128-bit product a * b. */
+/* The 128-bit product a * b. (GRADMON_PORTABLE_MUL: the product of 32-bit halves even where the
+ * compiler has a 128-bit integer, as tests/test_native_scanner.py builds it to read it.) */
 static inline void mul_64(uint64_t a, uint64_t b, uint64_t *hi, uint64_t *lo) {
-#ifdef __SIZEOF_INT128__
+#if defined(__SIZEOF_INT128__) && !defined(GRADMON_PORTABLE_MUL)
     unsigned __int128 r = (unsigned __int128)a * b;
     *hi = (uint64_t)(r >> 64);
     *lo = (uint64_t)r;
