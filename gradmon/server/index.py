@@ -31,7 +31,7 @@ from itertools import compress, repeat
 from operator import eq, itemgetter, ne
 from typing import Any
 
-from gradmon.logformat.schema import NOT_SERIES
+from gradmon.logformat.schema import INT_MAX, INT_MIN, NOT_SERIES
 from gradmon.logformat.values import finite, number
 from gradmon.server.derived import DerivedAlarms
 from gradmon.server.jsontext import dumps
@@ -405,7 +405,7 @@ class IndexSnapshot:
 def _system_step(step: Any) -> bool:
     """Whether a system record's ``step`` is one its series keeps: an int an array can hold (else
     it was sampled before the first step, with no ``step``, or holds a step no array can)."""
-    return type(step) is int and -(1 << 63) <= step < (1 << 63)
+    return type(step) is int and INT_MIN <= step <= INT_MAX
 
 
 def _encoded(event: dict) -> bytes:

@@ -236,6 +236,17 @@ static int eisel_lemire(uint64_t m, int q, double *out) {
     return 1;
 }
 
+/* m * 10^e for a decimal significand m of `digits` digits (at most 19: exact in 64 bits), in *out,
+ * correctly rounded: by Clinger's path (up to 15 digits and a power of ten up to 1e22, all exact:
+ * one rounded operation) or Eisel and Lemire's; 0 where neither is sure (CPython's parser then). */
+static int decimal_to_double(uint64_t m, int digits, int e, double *out) {
+    if (digits <= 15 && e >= -22 && e <= 22) {
+        *out = e < 0 ? (double)m / POW10[-e] : (double)m * POW10[e];
+        return 1;
+    }
+    return eisel_lemire(m, e, out);
+}
+
 /* A float token read (its end p, its value d): *value the float object, or NULL when lazy (a
  * scan_steps column: made only where the column holds other values too, see there); NULL with
  * MemoryError where the object cannot be made. */
@@ -293,9 +304,7 @@ static const unsigned char *plain_number(const unsigned char *p, const unsigned 
         *kind = T_INT;
     } else {
         double d;
-        if (sig <= 15 && frac <= 22)
-            d = (double)m / POW10[frac];
-        else if (!eisel_lemire(m, -frac, &d))
+        if (!decimal_to_double(m, sig, -frac, &d))
             return NULL;
         *as_float = neg ? -d : d;
         *kind = T_FLOAT;
@@ -357,10 +366,8 @@ static const unsigned char *number(const unsigned char *p, const unsigned char *
         *kind = T_INT;
         return *value == NULL ? NULL : p;
     }
-    /* The token's decimal significand m (up to 19 digits: exact in 64 bits) and exponent e, read
-     * by Clinger's fast path (up to 15 digits and a power of ten up to 1e22, all exact: one
-     * rounded operation) or Eisel and Lemire's (a 128-bit product, sure of its rounding or
-     * declining), each correctly rounded as CPython's parser is. Else CPython's parser itself. */
+    /* The token's decimal significand m (up to 19 digits) and exponent e, read by
+     * decimal_to_double; else CPython's parser itself. */
     {
         const unsigned char *q = s + (*s == '-');
         unsigned long long m = 0;
@@ -388,10 +395,7 @@ static const unsigned char *number(const unsigned char *p, const unsigned char *
                 e += neg ? -ev : ev;
             }
             double d;
-            int exact = digits <= 15 && e >= -22 && e <= 22;
-            if (exact)
-                d = e < 0 ? (double)m / POW10[-e] : (double)m * POW10[e];
-            if (exact || eisel_lemire(m, e, &d)) {
+            if (decimal_to_double(m, digits, e, &d)) {
                 *as_float = *s == '-' ? -d : d;
                 *kind = T_FLOAT;
                 return a_float(value, *as_float, lazy, p);
