@@ -203,6 +203,9 @@ def _mixed_log(rnd: random.Random, n: int) -> list[bytes]:
             lines.append({"type": "end", "status": "finished"})
         elif r < 0.2:
             extra = {"gpu_mem": rnd.random()} if rnd.random() < 0.5 else {}
+            if rnd.random() < 0.5:  # (bytes as the writer logs them: ints, now and then one beyond a float)
+                big = rnd.randrange(1 << 40)
+                extra["rss_bytes"] = rnd.choice([big, big + 1, 10**400, None])
             lines.append({"type": "system", "step": step, "ts": float(step), "cpu": rnd.random(), **extra})
         elif r < 0.25:
             lines.append({"type": "eval", "step": step, "eval_loss": rnd.random()})

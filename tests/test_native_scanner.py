@@ -118,7 +118,8 @@ def _line(rng: random.Random) -> bytes | None:
 def _scan_steps(texts: list[bytes | None]) -> tuple:
     """``scan_steps`` with its step records made as ``parse_lines`` makes them when read
     (``steprecords``): (records line by line, undecided, columns, types, floats, the step records,
-    not_steps), each record checked against its shape on the way."""
+    not_steps), each record checked against its shape on the way; every column made (a column of
+    floats that reading the records left unmade, by ``scanned_column`` as its readers make it)."""
     scan = native.scanner()
     shapes, undecided, columns, types, floats, rows, not_steps = scan.scan_steps(list(texts))
     steps = StepRecords.scanned(columns, floats, shapes, rows, scan.build_records)
@@ -128,6 +129,7 @@ def _scan_steps(texts: list[bytes | None]) -> tuple:
     keys = [tuple(r) for r in made if r is not None]
     assert shapes == [(i, k) for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
     assert rows == len(keys) and [i for i, r in enumerate(made) if r is None] == not_steps
+    columns = {key: scanned_column(columns, floats, key) for key in columns}
     return made, undecided, columns, types, floats, list(steps), not_steps
 
 

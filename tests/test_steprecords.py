@@ -16,7 +16,7 @@ from gradmon.server import native
 from gradmon.server.index import RunIndex
 from gradmon.server.parse import parse_lines
 from gradmon.server.pyramid import BUCKET
-from gradmon.server.steprecords import LineRecords, StepRecords
+from gradmon.server.steprecords import LineRecords, StepRecords, records_at
 
 needs_scanner = pytest.mark.skipif(native.scanner() is None, reason="no compiled scanner here")
 
@@ -85,6 +85,35 @@ def test_step_records_read_as_the_list_they_stand_for(seed, n, a, b, read_one_fi
         by_line[i] = recs[i]
     assert list(lines) == by_line and [lines[-k] for k in range(1, len(recs) + 1)] == by_line[::-1]
     assert all(x is y for x, y in zip([r for r in lines if r is not None and r["type"] == "step"], steps))
+    # Read at chosen positions (any order, repeated), and put at once, as one by one.
+    positions = [rng.randrange(len(recs)) for _ in range(rng.randrange(8))] if recs else []
+    got = records_at(lines, positions)
+    assert got == [by_line[i] for i in positions] and all(map(lambda x, i: x is lines[i], got, positions))
+    assert records_at(by_line, positions) == [by_line[i] for i in positions]
+    rest = holes[1::2]
+    lines.put(rest, [recs[i] for i in rest])
+    assert list(lines) == [r if r["type"] == "step" or i in holes else None for i, r in enumerate(recs)]
+    assert records_at(lines, holes) == [recs[i] for i in holes]
+    if recs:
+        with pytest.raises(IndexError):
+            lines.put([len(recs)], [{}])
+
+
+@needs_scanner
+def test_a_few_records_read_together_make_only_their_values():
+    # (an open bucket's piece of a mixed batch: its records are made, not the batch's columns of floats)
+    recs = [{"type": "step", "step": s, "loss": 1.0 / s, "lr": 0.5, "note": "n"} for s in range(1, 41)]
+    steps, _holes = _scanned(recs)
+    columns = steps._rows.columns
+    assert columns["loss"] is None and columns["lr"] is None  # (every value a float: not made yet)
+    assert list(steps[30:37]) == recs[30:37] and steps[30:37] == recs[30:37]
+    assert [type(r["loss"]) for r in steps[30:37]] == [float] * 7
+    assert columns["loss"] is None and columns["lr"] is None
+    assert steps[30] is list(steps[28:32])[2]  # (one object per record still)
+    # Most of the batch at once: its whole columns, made once for their next readers.
+    assert list(steps[5:40]) == recs[5:40]
+    assert columns["loss"] == [r["loss"] for r in recs]
+    assert list(steps) == recs
 
 
 @needs_scanner

@@ -32,14 +32,14 @@ from operator import eq, itemgetter, ne
 from typing import Any
 
 from gradmon.logformat.schema import INT_MAX, INT_MIN, NOT_SERIES
-from gradmon.logformat.values import finite, number
+from gradmon.logformat.values import FAST_TYPES, finite, number
 from gradmon.server.derived import DerivedAlarms
 from gradmon.server.jsontext import dumps
 from gradmon.server.parse import KeyColumns, ParsedLines, parse_lines
 from gradmon.server.query import HistoryPlan, plan_history
 from gradmon.server.sampled import SampledSeries
 from gradmon.server.segments import Replaced, Segments
-from gradmon.server.steprecords import StepRecords
+from gradmon.server.steprecords import StepRecords, records_at
 from gradmon.server.steps import TS, Mark, StepSeries
 
 __all__ = ["IndexSnapshot", "RunIndex"]
@@ -168,20 +168,28 @@ class RunIndex:
                 run_cols = step_cols.sliced(a, b) if step_cols is not None else None
                 pos = at[a:b]
                 c0, c1 = bisect_left(check, i), bisect_left(check, j)
-                self._add_steps(run_cols.records if run_cols is not None else [recs[p] for p in pos],
-                                [offsets[p] for p in pos] if b - a != j - i else offsets[i:j],
+                self._add_steps(run_cols.records if run_cols is not None else records_at(recs, pos),
+                                list(map(offsets.__getitem__, pos)) if b - a != j - i else offsets[i:j],
                                 [bisect_left(pos, c) for c in check[c0:c1] if kinds[c] == "step"],
                                 run_cols)
-            system_recs = []  # (this stretch's system records, together)
-            while k < len(others) and others[k] < j:  # the others of this stretch, in order
-                if kinds[others[k]] == "system":
-                    system_recs.append(recs[others[k]])
-                    n_sys += 1
+            stop = bisect_left(others, j, k)  # the others of this stretch: others[k:stop], in order
+            if stop > k:
+                stretch = others[k:stop]
+                stretch_kinds = list(map(kinds.__getitem__, stretch))
+                if stretch_kinds.count("system") == len(stretch):  # (a real run's usual stretch: at once)
+                    self._add_systems(records_at(recs, stretch))
+                    n_sys += len(stretch)
                 else:
-                    self._add_other(recs[others[k]], offsets[others[k]])
-                k += 1
-            if system_recs:
-                self._add_systems(system_recs)
+                    system_recs = []  # (this stretch's system records, together)
+                    for x, kind in zip(stretch, stretch_kinds):
+                        if kind == "system":
+                            system_recs.append(recs[x])
+                            n_sys += 1
+                        else:
+                            self._add_other(recs[x], offsets[x])
+                    if system_recs:
+                        self._add_systems(system_recs)
+                k = stop
             if j < len(recs):
                 self._add_other(recs[j], offsets[j])
                 n_sys += kinds[j] == "system"
@@ -263,7 +271,7 @@ class RunIndex:
         for name in cols.key_set():  # (any order: add_columns makes new fields in the records' order)
             if name not in NOT_SERIES:
                 values = cols.values(name)
-                columns[name] = values if cols.types(name) == _FLOAT else list(map(number, values))
+                columns[name] = values if cols.types(name) == _FLOAT else _numbers(values, cols.types(name))
         self.system.add_columns(cols.values("step"), columns, recs, self.segments.current)
 
     def _add_system(self, rec: dict) -> None:
@@ -400,6 +408,17 @@ class IndexSnapshot:
         first, last = self.latest_span if self.latest_span is not None else (None, None)
         return {"first_step": first, "last_step": last}
 
+
+
+def _numbers(values: list[Any], types: set[type]) -> list[float | None]:
+    """``values.number`` of each of ``values`` (whose types are ``types``): in C where every one is
+    a plain int or float (``float`` reads them alike; an int too big for a float aside)."""
+    if types <= FAST_TYPES:
+        try:
+            return list(map(float, values))
+        except OverflowError:
+            pass
+    return list(map(number, values))
 
 
 def _system_step(step: Any) -> bool:

@@ -21,7 +21,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress, count, islice, repeat
-from operator import is_, is_not, itemgetter, lt
+from operator import is_, is_not, itemgetter, lt, ne
 from typing import Any
 
 # The field-type rules of ``validate_record``, checked here a column at a time.
@@ -29,7 +29,7 @@ from gradmon.logformat.jsonl import STRICT_DECODER, RecordError, decode_record, 
 from gradmon.logformat.schema import INT_FIELDS, INT_MAX, INT_MIN, MARK_FLAGS, NUMBER_FIELDS
 from gradmon.logformat.values import FAST_TYPES
 from gradmon.server.native import scanner as _native_scanner
-from gradmon.server.steprecords import LineRecords, StepRecords, scanned_column
+from gradmon.server.steprecords import LineRecords, StepRecords, records_at, scanned_column
 
 __all__ = ["KeyColumns", "ParsedLines", "parse_lines"]
 
@@ -416,10 +416,11 @@ def _assemble(lines: Sequence[tuple[int, bytes | None]], texts: list[bytes | Non
     valid = scanned is not None and _others_valid([r for r in scanned if r is not None])
     if valid and None not in scanned:  # (every one read by the scanner and valid: no loop per record)
         check.update(slow)
-        stripped = list(map(bytes.strip, map(raw.__getitem__, slow)))
-        for i, rec, line in zip(slow, scanned, stripped):
-            decoded[i] = rec
-            raw[i] = line
+        if isinstance(decoded, LineRecords):
+            decoded.put(slow, scanned)
+        else:
+            any(map(decoded.__setitem__, slow, scanned))  # (the loops in C: map, any)
+        any(map(raw.__setitem__, slow, map(bytes.strip, map(raw.__getitem__, slow))))
         slow_steps = "step" in map(itemgetter("type"), scanned)
     else:
         for k, i in enumerate(slow):
@@ -452,13 +453,11 @@ def _other_kinds(out: ParsedLines, others: int) -> None:
     ``others`` of them, which ``decode_record`` decoded (so each is in ``out.check``): without a
     look at every record."""
     kinds = ["step"] * len(out.records)
-    found = 0
-    for i in out.check:
-        kind = out.records[i].get("type")
-        if kind != "step":
-            kinds[i] = kind
-            found += 1
-    if found == others:  # (else leave the column to be taken: a guard, never expected)
+    checked = list(map(dict.get, records_at(out.records, out.check), repeat("type")))
+    not_step = list(map(ne, checked, repeat("step")))
+    found = list(compress(out.check, not_step))
+    any(map(kinds.__setitem__, found, compress(checked, not_step)))  # (the loop in C)
+    if len(found) == others:  # (else leave the column to be taken: a guard, never expected)
         out.columns._values["type"] = kinds  # type: ignore[union-attr]
 
 

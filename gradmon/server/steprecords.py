@@ -23,7 +23,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["LineRecords", "StepRecords", "scanned_column"]
+__all__ = ["LineRecords", "StepRecords", "records_at", "scanned_column"]
 
 
 def scanned_column(columns: dict[str, list[Any] | None], floats: dict[str, bytes], key: str) -> list[Any]:
@@ -33,6 +33,18 @@ def scanned_column(columns: dict[str, list[Any] | None], floats: dict[str, bytes
     got = columns[key]
     if got is None:
         got = columns[key] = memoryview(floats[key]).cast("d").tolist()
+    return got
+
+
+def records_at(records: Sequence[Any], positions: Sequence[int]) -> list[Any]:
+    """``[records[i] for i in positions]``; of a :class:`LineRecords`, the records put at its
+    holes (a batch's other kinds: a system record every step or two in a real run's log) are read
+    at once, without a look at the step records around them."""
+    if not isinstance(records, LineRecords):
+        return list(map(records.__getitem__, positions))
+    got = list(map(records._put.get, positions))
+    if None in got:  # (a step record, or a hole nothing was put at: read one by one)
+        got = [records[i] if rec is None else rec for i, rec in zip(positions, got)]
     return got
 
 
@@ -68,6 +80,12 @@ class _Rows:
     def column(self, key: str) -> list[Any]:
         return scanned_column(self.columns, self.floats, key)
 
+    def piece(self, key: str, lo: int, hi: int) -> list[Any]:
+        """Rows ``[lo, hi)`` of the key's column; of a column of floats not made yet, only those
+        rows' values are made (the column stays unmade)."""
+        col = self.columns[key]
+        return col[lo:hi] if col is not None else memoryview(self.floats[key]).cast("d")[lo:hi].tolist()
+
     def runs(self, start: int, stop: int) -> Iterator[tuple[int, int, tuple[str, ...]]]:
         """``(lo, hi, keys)``: rows ``[start, stop)`` cut where the shape changes."""
         s = bisect_right(self.starts, start) - 1
@@ -85,7 +103,10 @@ class _Rows:
             made = self.made = [None] * self.rows
         for lo, hi, keys in self.runs(start, stop):
             if None in made[lo:hi]:
-                built = self.build(keys, [self.column(k) for k in keys], lo, hi)
+                if 2 * (hi - lo) >= self.rows:  # (most of the batch: whole columns, kept for later readers)
+                    built = self.build(keys, [self.column(k) for k in keys], lo, hi)
+                else:  # (a few records, an open bucket's piece: no column of floats made whole for them)
+                    built = self.build(keys, [self.piece(k, lo, hi) for k in keys], 0, hi - lo)
                 if made[lo:hi].count(None) == hi - lo:
                     made[lo:hi] = built
                 else:  # (some were read already: those stay the objects handed out)
@@ -199,6 +220,13 @@ class LineRecords(_ListLike):
         if not 0 <= i < self._n:
             raise IndexError("record assignment index out of range")
         self._put[i] = value
+
+    def put(self, positions: Sequence[int], values: Sequence[Any]) -> None:
+        """``self[i] = value`` for each pair, at once (``positions`` ascending, each in range:
+        the records a batch decoded at its holes)."""
+        if positions and not 0 <= positions[0] <= positions[-1] < self._n:
+            raise IndexError("record assignment index out of range")
+        self._put.update(zip(positions, values))
 
     def __iter__(self) -> Iterator[Any]:
         steps = list(self._steps)
