@@ -92,11 +92,24 @@ def test_step_records_read_as_the_list_they_stand_for(seed, n, a, b, read_one_fi
     assert records_at(by_line, positions) == [by_line[i] for i in positions]
     rest = holes[1::2]
     lines.put(rest, [recs[i] for i in rest])
-    assert list(lines) == [r if r["type"] == "step" or i in holes else None for i, r in enumerate(recs)]
+    by_line = list(recs)  # (every hole put now)
+    assert list(lines) == by_line and lines[a:b] == by_line[a:b] and lines[b:a:-1] == by_line[b:a:-1]
     assert records_at(lines, holes) == [recs[i] for i in holes]
     if recs:
         with pytest.raises(IndexError):
             lines.put([len(recs)], [{}])
+
+
+@needs_scanner
+def test_a_slice_of_a_batch_s_lines_makes_only_its_own_step_records():
+    # (the alarm rule reads a batch's records decoded one by one, a diverged run's, each as a slice)
+    recs = [{"type": "step", "step": s, "loss": 0.5} if s % 10 else {"type": "system", "step": s, "cpu": 1.0}
+            for s in range(1, 201)]
+    steps, holes = _scanned(recs)
+    lines = LineRecords(steps, holes, len(recs))
+    assert lines[95:103] == [r if r["type"] == "step" else None for r in recs[95:103]]
+    made = steps._rows.made
+    assert made is not None and sum(r is not None for r in made) == 7  # (8 lines, one a system record's)
 
 
 @needs_scanner

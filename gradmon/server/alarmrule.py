@@ -206,7 +206,8 @@ class BatchAlarmRule(AlarmRule):
 
     def _one_by_one(self, records: Sequence[dict[str, Any]], lo: int, hi: int,
                     out: list[tuple[int, dict[str, Any]]]) -> None:
-        for i, record in enumerate(records[lo:hi], lo):  # (a slice: the scanner's records made at once)
+        # (a slice: the scanner's records made at once; one record, the common call, by its index)
+        for i, record in enumerate(records[lo:hi] if hi - lo > 1 else [records[lo]] if hi > lo else [], lo):
             out.extend((i, e) for e in self.update(record))
 
     def _plain(self, records: Sequence[dict[str, Any]], steps: list[int], columns: _Columns, lo: int, hi: int,

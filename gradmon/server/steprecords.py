@@ -189,20 +189,22 @@ class LineRecords(_ListLike):
     """A batch's records line by line: the step record of a line that holds one (``steps``, in
     order), ``None`` at ``holes`` (the other lines' positions, ascending) until one is put there."""
 
-    __slots__ = ("_holes", "_n", "_put", "_steps")
+    __slots__ = ("_holes", "_listed", "_n", "_put", "_steps")
 
     def __init__(self, steps: StepRecords, holes: list[int], n: int) -> None:
         self._steps = steps
         self._holes = holes
         self._n = n
         self._put: dict[int, Any] = {}
+        self._listed: list[Any] | None = None  # (every line, once iterated: a batch's columns each iterate)
 
     def __len__(self) -> int:
         return self._n
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return list(self)[i]
+            start, stop, stride = i.indices(self._n)
+            return self._lines(start, max(start, stop)) if stride == 1 else list(self)[i]
         if i < 0:
             i += self._n
         if not 0 <= i < self._n:
@@ -220,6 +222,7 @@ class LineRecords(_ListLike):
         if not 0 <= i < self._n:
             raise IndexError("record assignment index out of range")
         self._put[i] = value
+        self._listed = None
 
     def put(self, positions: Sequence[int], values: Sequence[Any]) -> None:
         """``self[i] = value`` for each pair, at once (``positions`` ascending, each in range:
@@ -227,18 +230,36 @@ class LineRecords(_ListLike):
         if positions and not 0 <= positions[0] <= positions[-1] < self._n:
             raise IndexError("record assignment index out of range")
         self._put.update(zip(positions, values))
+        self._listed = None
 
     def __iter__(self) -> Iterator[Any]:
-        steps = list(self._steps)
+        if self._listed is None:
+            self._listed = self._lines(0, self._n)
+        return iter(self._listed)
+
+    def _lines(self, start: int, stop: int) -> list[Any]:
+        """Lines ``[start, stop)`` as a list, in time of their number: only their step records are
+        made (a batch's non-finite steps, decoded one by one, are each read as such a slice by the
+        alarm rule)."""
+        holes = self._holes
+        h0, h1 = bisect_left(holes, start), bisect_left(holes, stop)
+        steps = list(self._steps[start - h0:stop - h1])
         out: list[Any] = []
-        at = 0  # the next line
+        at = start  # the next line
         r = 0  # the next step record
-        for h in self._holes:
+        for h in holes[h0:h1]:
             out.extend(steps[r:r + h - at])
             r += h - at
             out.append(None)
             at = h + 1
         out.extend(steps[r:])
-        for i, value in self._put.items():
-            out[i] = value
-        return iter(out)
+        put = self._put
+        if len(put) <= stop - start:
+            for i, value in put.items():
+                if start <= i < stop:
+                    out[i - start] = value
+        else:
+            for i in range(start, stop):
+                if i in put:
+                    out[i - start] = put[i]
+        return out
