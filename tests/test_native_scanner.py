@@ -24,7 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradmon.logformat.alarms import ZERO_NORM, is_zero_norm
-from gradmon.logformat.jsonl import encode_record
+from gradmon.logformat.jsonl import NONFINITE_STRINGS, encode_record
+from gradmon.logformat.schema import TEXT_KEYS
 from gradmon.logformat.values import number
 from gradmon.server import native
 from gradmon.server.columns import MISSING, MISSING_BITS
@@ -139,11 +140,20 @@ def _same(a, b) -> bool:
 
 
 def _reads(line: bytes):
-    """What orjson and the standard library read (both must agree for a line the scanner decides)."""
+    """What orjson and the standard library read (both must agree for a line the scanner decides),
+    with decode_record's non-finite strings: a flat object's "NaN", "Infinity" and "-Infinity"
+    values are floats, except under the text keys."""
     try:
-        return orjson.loads(line), json.loads(line)
+        return _nonfinite_read(orjson.loads(line)), _nonfinite_read(json.loads(line))
     except ValueError:
         return None, None
+
+
+def _nonfinite_read(obj):
+    if not isinstance(obj, dict):
+        return obj
+    return {k: NONFINITE_STRINGS.get(v, v) if isinstance(v, str) and k not in TEXT_KEYS else v
+            for k, v in obj.items()}
 
 
 @needs_scanner
@@ -213,7 +223,6 @@ def _check_scan(texts: list[bytes | None]) -> None:
             by_orjson, by_stdlib = _reads(line)
             assert isinstance(by_orjson, dict) and _same(rec, by_orjson) and _same(rec, by_stdlib), line
             assert rec["type"] == "step"
-            assert not any(isinstance(v, float) and not math.isfinite(v) for v in rec.values())
         elif i not in undecided:  # another kind of record, decided: decode_record reads it
             by_orjson, by_stdlib = _reads(line)
             assert isinstance(by_orjson, dict) and "type" in by_orjson and by_orjson["type"] != "step", line
@@ -241,6 +250,8 @@ def _check_scan(texts: list[bytes | None]) -> None:
         assert json.dumps(column) == json.dumps(want.values(key))
         assert {t for bit, t in ((1, int), (2, float), (4, str), (8, bool), (16, type(None)))
                 if types[key] & bit} == want.types(key)
+        nonfinite = any(type(v) is float and not math.isfinite(v) for v in want.values(key))
+        assert bool(types[key] & 32) == nonfinite
         # (the sidecar's reading of the column: values.number, MISSING where none)
         sidecar = array("d", [MISSING if (x := number(v)) is None else x for v in column])
         assert floats[key] == sidecar.tobytes()
@@ -900,3 +911,52 @@ def test_a_step_record_off_the_fast_path_is_among_the_step_records():
     for parsed in (got, want):
         if parsed.step_columns is not None:
             assert parsed.step_columns.values("step") == [1, 2, 3]
+
+
+@needs_scanner
+def test_a_step_record_s_non_finite_strings_are_read_by_the_scanner_as_decode_record_reads_them():
+    # A diverged run's lines ("NaN" strings, as the writer logs non-finite values): decided by the
+    # scanner, as floats with decode_record's bits, and checked for marks; not under a text key.
+    recs = [{"type": "step", "step": s, "loss": 0.5, "grad_norm": 1.0} for s in range(1, 6)]
+    recs[1] = {"type": "step", "step": 2, "loss": "NaN", "grad_norm": "Infinity", "nonfinite": True}
+    recs[2] = {"type": "step", "step": 3, "loss": 0.5, "grad_norm": "NaN"}  # (the next line: one too)
+    recs[3] = {"type": "step", "step": 4, "loss": "-Infinity", "grad_norm": 1.0, "note": "NaN"}
+    lines = [json.dumps(r, separators=(",", ":")).encode() for r in recs]
+    lines.append(b'{"type":"event","kind":"note","step":5,"message":"NaN"}')  # (a text key: "NaN" is text)
+    _shapes, undecided, _columns, types, floats, rows, holes = native.scanner().scan_steps(lines)
+    assert (undecided, holes, rows) == ([5], [5], 5)
+    assert floats["loss"][8:16] == struct.pack("<d", math.nan) and floats["grad_norm"][8:16] == struct.pack(
+        "<d", math.inf) and floats["loss"][24:32] == struct.pack("<d", -math.inf)
+    assert types["loss"] & 32 and types["note"] & 32 and not types["step"] & 32
+    got, want = parse_lines(_pairs(lines), 0), parse_lines(_pairs(lines), 0, use_native=False)
+    assert [repr(r) for r in got.records] == [repr(r) for r in want.records]
+    assert got.records[5]["message"] == "NaN" and math.isnan(got.records[3]["note"])
+    assert (got.raw, got.check) == (want.raw, want.check) and {1, 2, 3} <= set(got.check)
+    assert isinstance(got.step_columns.records, StepRecords)  # (the fast path's columns kept)
+
+
+@needs_scanner
+def test_a_batch_with_a_non_finite_step_summarizes_the_buckets_around_it_from_columns():
+    from gradmon.server.index import RunIndex
+    from gradmon.server.pyramid import BUCKET
+
+    recs = [{"type": "step", "step": s, "ts": 1.7e9 + s, "loss": 1.0 / s, "grad_norm": 0.5}
+            for s in range(1, 1 + 10 * BUCKET)]
+    bad = 5 * BUCKET + 3
+    recs[bad] = {**recs[bad], "loss": "NaN", "nonfinite": True}
+    lines = [json.dumps(r, separators=(",", ":")).encode() for r in recs]
+    pairs = _pairs(lines)
+    idx = RunIndex()
+    idx.add_lines(pairs[:BUCKET], 0)  # (the fields' first records)
+    parsed = idx.add_lines(pairs[BUCKET:], pairs[BUCKET - 1][0])
+    assert isinstance(parsed.records, StepRecords)
+    made = [i for i, r in enumerate(parsed.records._rows.made or []) if r is not None]
+    assert len(made) <= BUCKET and bad - BUCKET in made  # (the non-finite step's bucket only)
+    ref = RunIndex()
+    for k, pair in enumerate(pairs):
+        ref.add_lines([pair], pairs[k - 1][0] if k else 0)
+    assert repr(idx.steps.marks) == repr(ref.steps.marks)  # (NaN values: compared by their repr)
+    assert idx.steps.marks[0][:3] == (bad + 1, "nonfinite", "loss")
+    base, want = idx.steps.pyramid.base, ref.steps.pyramid.base
+    assert base.size == want.size == 10
+    assert [base.get(i).fields for i in range(10)] == [want.get(i).fields for i in range(10)]

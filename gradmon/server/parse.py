@@ -3,11 +3,13 @@
 Indexing a 10M-line run is dominated by per-line Python overhead, so a batch is decoded at once.
 Each line that is a plain ``step`` record takes a fast path: read by the compiled line scanner
 (``native.py``: the flat lines of printable ASCII, their records and each key's column, types and
-float64 row taken in one pass), else parsed by orjson when installed, else scanned in place by the
-stdlib's C JSON scanner over the batch decoded in one call (no per-line ``str``); then the batch is
-validated a column at a time with the rules of ``validate_record``. Any other line — non-step
-records, the strings ``"NaN"``/``"Infinity"``/``"-Infinity"`` (which ``decode_record`` turns into
-floats), bare ``NaN`` tokens and records without ``type`` (other writers'), escapes, surrounding
+float64 row taken in one pass; it reads the strings ``"NaN"``/``"Infinity"``/``"-Infinity"`` as
+``decode_record`` does, as floats, and those records are checked for marks), else parsed by orjson
+when installed, else scanned in place by the stdlib's C JSON scanner over the batch decoded in one
+call (no per-line ``str``); then the batch is validated a column at a time with the rules of
+``validate_record``. Any other line — non-step records, the strings ``"NaN"``/``"Infinity"``/
+``"-Infinity"`` where no scanner read them (``decode_record`` turns them into floats), bare ``NaN``
+tokens and records without ``type`` (other writers'), escapes, surrounding
 blanks, bad UTF-8, anything malformed or invalid — is decoded by ``decode_record`` itself, so the
 paths cannot disagree on what a valid record is. The raw line of each record is kept to be sent as
 it is, strict JSON already; a normalized record (bare token, no ``type``) is re-encoded instead.
@@ -60,7 +62,8 @@ _NONE = type(None)
 _TYPE_BITS = ((1, int), (2, float), (4, str), (8, bool), (16, _NONE))
 _BOOL_BIT = 8
 _INT = frozenset({int})
-_MASK_TYPES = [frozenset(t for bit, t in _TYPE_BITS if mask & bit) for mask in range(32)]
+_NONFINITE_BIT = 32  # (the compiled scanner's: some float of the column is not finite)
+_MASK_TYPES = [frozenset(t for bit, t in _TYPE_BITS if mask & bit) for mask in range(64)]
 _MARK_FLAG_KEYS = tuple(flag for flag, _kind in MARK_FLAGS)
 
 
@@ -142,6 +145,17 @@ class KeyColumns:
         if native is None or any(f is None and name in keys for f, name in zip(floats, names)):
             return None
         return native.bucket_columns(names, floats, self.values("step"), start, buckets, size)
+
+    def finite_buckets(self, names: list[str], start: int, buckets: int, size: int) -> int:
+        """How many of ``buckets`` consecutive buckets of ``size`` records from ``start`` lie before
+        the first record with a non-finite number in one of ``names``' float64 columns (those the
+        compiled scanner took; 0 without it): the ones :meth:`bucket_columns` can summarize."""
+        native = _native_scanner()
+        columns = [self.floats(name) for name in names]
+        if native is None or all(c is None for c in columns):
+            return 0
+        row = native.first_nonfinite(columns, start, start + buckets * size)
+        return buckets if row < 0 else (row - start) // size
 
     def key_set(self) -> set[str]:
         """Every key of the records (a set nobody may change)."""
@@ -311,8 +325,9 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
     by_orjson = _orjson_loads is not None and use_orjson
     scan = _native_scanner() if by_orjson and use_native else None
     blob = None
+    nonfinite: list[int] = []  # the lines of the compiled scanner's step records with a non-finite value
     if scan is not None:  # (the scanner leaves every line it cannot read as orjson does undecided)
-        decoded, typeless, kinds, slow, fast, scanned = _candidates_native(scan, texts)
+        decoded, typeless, kinds, slow, fast, scanned, nonfinite = _candidates_native(scan, texts)
         fast = KeyColumns(fast)
         if scanned is not None:
             fast.prefill(*scanned)
@@ -346,10 +361,12 @@ def parse_lines(lines: Sequence[tuple[int, bytes | None]], start: int, *,
     # The fast path's records that may carry marks (those decode_record reads are checked anyway).
     # orjson's hold finite numbers only (it refuses 1e999 and NaN): only a mark flag set can give
     # them a mark, found in the flags' columns (none when no record holds a bool: their types say
-    # so, taken anyway). The stdlib scanner reads 1e999 as inf: its lines with a "true" (a flag or
-    # not, a text search) are all checked.
+    # so, taken anyway); the compiled scanner's also the non-finite floats it read from "NaN"
+    # strings as decode_record does (``nonfinite``). The stdlib scanner reads 1e999 as inf: its
+    # lines with a "true" (a flag or not, a text search) are all checked.
     if by_orjson:
         flagged = set() if fast.no_bools() else _mark_flagged(fast, slow)
+        flagged.update(nonfinite)
     else:
         flagged = {i for i, (_e, ln) in enumerate(lines) if ln is not None and b"true" in ln} \
             if _has_true(blob) else set()
@@ -471,14 +488,7 @@ def _mark_flagged(columns: KeyColumns, holes: list[int]) -> set[int]:
             found.update(compress(count(), map(is_, columns.values(flag), repeat(True))))
     if not found or not holes:
         return found
-    out, j, n = set(), 0, len(holes)
-    for k in sorted(found):  # the k-th record's line: k + how many holes come before it
-        i = k + j
-        while j < n and holes[j] <= i:
-            j += 1
-            i += 1
-        out.add(i)
-    return out
+    return set(_lines_of(sorted(found), holes))
 
 
 def _to_decode_record(line: bytes) -> bool:
@@ -604,14 +614,17 @@ def _candidates_orjson(lines: Sequence[tuple[int, bytes | None]], texts: list[by
 
 
 def _candidates_native(scan: Any, texts: list[bytes | None]) -> tuple[
-        Sequence[Any], set[int], list[Any] | None, list[int], Sequence[dict], tuple[dict, dict, dict] | None]:
+        Sequence[Any], set[int], list[Any] | None, list[int], Sequence[dict], tuple[dict, dict, dict] | None,
+        list[int]]:
     """As :func:`_candidates_orjson`, by the compiled scanner (``native.py``), and besides: the
     positions of the lines without a candidate (ascending), the candidates (the lines' records
-    without the ``None``), and the candidates' columns, types and float64 columns that the scanner
-    took on the way (``None``: a line it left undecided is a candidate too). The lines it leaves
-    undecided (nested values, escapes, non-ASCII, no ``type``...) are parsed here by orjson, as
-    there."""
+    without the ``None``), the candidates' columns, types and float64 columns that the scanner
+    took on the way (``None``: a line it left undecided is a candidate too), and the positions of
+    the lines whose step record holds a non-finite float (a ``"NaN"`` string, read as
+    ``decode_record`` reads it). The lines it leaves undecided (nested values, escapes, non-ASCII,
+    no ``type``...) are parsed here by orjson, as there."""
     shapes, undecided, columns, types, floats, rows, holes = scan.scan_steps(texts)
+    nonfinite = _lines_of(_nonfinite_rows(scan, types, floats, rows), holes)
     steps: Any = StepRecords.scanned(columns, floats, shapes, rows, scan.build_records)
     decoded: Any = LineRecords(steps, holes, len(texts)) if holes else steps
     typeless: set[int] = set()
@@ -636,8 +649,35 @@ def _candidates_native(scan: Any, texts: list[bytes | None]) -> tuple[
         holes = [i for i, r in enumerate(decoded) if r is None]
         steps = [r for r in decoded if r is not None]
     if not holes:
-        return decoded, typeless, ["step"] * len(decoded) if not typeless else None, holes, decoded, scanned
-    return decoded, typeless, None, holes, steps, scanned
+        return (decoded, typeless, ["step"] * len(decoded) if not typeless else None, holes, decoded, scanned,
+                nonfinite)
+    return decoded, typeless, None, holes, steps, scanned, nonfinite
+
+
+def _nonfinite_rows(scan: Any, types: dict[str, int], floats: dict[str, bytes], rows: int) -> list[int]:
+    """The rows (step records, ascending) where one of the scanner's float64 columns holds a
+    non-finite number: only the columns whose types say they have one are looked at (the common
+    batch has none)."""
+    columns = [floats[key] for key, mask in types.items() if mask & _NONFINITE_BIT]
+    found: list[int] = []
+    row = scan.first_nonfinite(columns, 0, rows) if columns else -1
+    while row >= 0:
+        found.append(row)
+        row = scan.first_nonfinite(columns, row + 1, rows)
+    return found
+
+
+def _lines_of(rows: list[int], holes: list[int]) -> list[int]:
+    """The line positions of step records ``rows`` (ascending), whose lines at ``holes`` (ascending)
+    hold none of them: each row plus the holes before its line."""
+    out, j, n = [], 0, len(holes)
+    for k in rows:
+        i = k + j
+        while j < n and holes[j] <= i:
+            j += 1
+            i += 1
+        out.append(i)
+    return out
 
 
 def _others_valid(records: list[dict]) -> bool:

@@ -202,8 +202,11 @@ class StepSeries:
         loop does it)."""
         k = (len(steps) - i) // BUCKET
         got = columns.bucket_columns(names, i, k, BUCKET)
-        if got is None:
-            return 0
+        if got is None:  # (a non-finite value, a name not taken: the whole buckets before it, if any)
+            k = columns.finite_buckets(names, i, k, BUCKET)
+            got = columns.bucket_columns(names, i, k, BUCKET) if k else None
+            if got is None:
+                return 0
         stop = i + k * BUCKET
         if columns.increasing():
             lo, hi = steps[i:stop:BUCKET], steps[i + BUCKET - 1:stop:BUCKET]

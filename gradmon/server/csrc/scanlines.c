@@ -14,7 +14,8 @@
  *              (parse.KeyColumns.values); None for a key whose every value is a float, of which
  *              no object is made (most such columns are never read as objects; the float64
  *              column holds them: steprecords.scanned_column makes the list when it is read);
- *   types      {key: bit mask of int 1, float 2, str 4, bool 8, None 16} (KeyColumns.types);
+ *   types      {key: bit mask of int 1, float 2, str 4, bool 8, None 16} (KeyColumns.types), and 32
+ *              where one of its floats is not finite (a "NaN", "Infinity" or "-Infinity" string);
  *   floats     {key: bytes}: the column as native float64s, MISSING_BITS where no number (a bool,
  *              text, null or no value: columns.step_rows' reading of values.number);
  *   rows       how many step records;
@@ -23,7 +24,9 @@
  * are distinct and whose values are strings, numbers, true, false or null, with a string "type":
  * a step record when that is "step", else a record of another kind (in not_steps, decided: the
  * caller's decode_record reads those). Strings must be printable ASCII without escapes and not end
- * with "NaN" or "Infinity" (the values decode_record turns into floats); integers up to 2^53 in size;
+ * with "NaN" or "Infinity", except the values "NaN", "Infinity" and "-Infinity" of a key that is not
+ * one of text_keys(): the floats decode_record turns those into (jsonl.NONFINITE_STRINGS); a module
+ * whose text_keys() were not given reads none (their lines are undecided); integers up to 2^53 in size;
  * numbers are read as CPython's float parser reads them, bit for bit (Clinger's and Eisel and
  * Lemire's exact paths, else that parser itself); anything else (nested values, escapes, UTF-8,
  * huge or infinite numbers, a missing "type", a repeated key) is left undecided, so that what this
@@ -35,7 +38,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { T_INT = 1, T_FLOAT = 2, T_STR = 4, T_BOOL = 8, T_NONE = 16 };
+enum { T_INT = 1, T_FLOAT = 2, T_STR = 4, T_BOOL = 8, T_NONE = 16, T_NONFINITE = 32 };
 /* columns.MISSING_BITS: a quiet NaN no JSON value decodes to, "no number" in the sidecar's rows. */
 #define MISSING_BITS 0x7FF80000DEADBEEFULL
 #define MAX_KEYS 512        /* distinct keys per batch: beyond, lines with new keys are undecided */
@@ -51,6 +54,8 @@ typedef struct {
     Py_ssize_t filled;      /* rows of column written */
     Py_ssize_t seen;        /* the line that last had this key (a repeated key: undecided) */
     int mask;
+    int nonfinite;          /* some float of the column is not finite (T_NONFINITE in its types) */
+    int text;               /* one of text_keys(): its "NaN" is a string (undecided), not a float */
     double *floats;         /* the column as float64s (MISSING where no number), as column */
     /* The value token of the last step record that had this key, and what it was read as: the
      * same bytes again are the same value (a constant lr, epoch, loss scale...), not parsed again. */
@@ -67,6 +72,7 @@ typedef struct {
 } Table;
 
 static PyObject *STEP;      /* "step" */
+static PyObject *TEXT_KEYS; /* text_keys(): the keys whose values decode_record keeps as text */
 
 static double missing(void) {
     unsigned long long bits = MISSING_BITS;
@@ -94,6 +100,21 @@ static Py_ssize_t plain_string(const unsigned char *p, const unsigned char *end)
         p++;
     }
     return -1;
+}
+
+/* The span of a string (after its opening quote) that is exactly "NaN", "Infinity" or "-Infinity"
+ * before its closing quote, with *d the float decode_record reads it as; 0 for any other string. */
+static Py_ssize_t nonfinite_string(const unsigned char *p, const unsigned char *end, double *d) {
+    static const struct { const char *text; Py_ssize_t len; int sign; } SPECIAL[] = {
+        {"NaN\"", 3, 0}, {"Infinity\"", 8, 1}, {"-Infinity\"", 9, -1}};
+    for (int k = 0; k < 3; k++) {
+        Py_ssize_t n = SPECIAL[k].len;
+        if (end - p > n && memcmp(p, SPECIAL[k].text, (size_t)n + 1) == 0) {
+            *d = SPECIAL[k].sign == 0 ? Py_NAN : SPECIAL[k].sign * Py_HUGE_VAL;
+            return n;
+        }
+    }
+    return 0;
 }
 
 /* Whether n bytes at a and b are the same: memcmp for the short spans of one line (keys and
@@ -132,6 +153,13 @@ static Entry *find_key(Table *t, const char *name, Py_ssize_t len) {
     e->filled = 0;
     e->seen = -1;
     e->mask = 0;
+    e->nonfinite = 0;
+    e->text = TEXT_KEYS == NULL ? 1 : PySet_Contains(TEXT_KEYS, key);
+    if (e->text < 0) {
+        t->n--;
+        Py_DECREF(key);
+        return NULL;
+    }
     e->floats = NULL;
     e->last_tok = NULL;
     e->last_len = 0;
@@ -465,13 +493,18 @@ static int scan_line(Table *t, const unsigned char *p, const unsigned char *end,
         double num = missing();
         const unsigned char *tok = p;
         unsigned char c = *p;
-        Py_ssize_t last = e->last_len;
+        Py_ssize_t last = e->last_len, special;
         if (e->last_tok != NULL && end - p > last && ENDS_VALUE(p[last]) && same_bytes(p, e->last_tok, last)) {
             v = e->last_val;  /* (the token ends where the last one did: the same JSON value) */
             Py_XINCREF(v);  /* (NULL: a lazy float) */
             kind = e->last_kind;
             num = e->last_num;
             p += last;
+        } else if (c == '"' && !e->text && (special = nonfinite_string(p + 1, end, &num)) > 0) {
+            if (a_float(&v, num, lazy, p) == NULL)
+                return -1;
+            kind = T_FLOAT;  /* (decode_record's float; its line is strict JSON as it stands) */
+            p += special + 2;
         } else if (c == '"') {
             p++;
             Py_ssize_t slen = plain_string(p, end);
@@ -691,6 +724,7 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
             e->floats[rows] = nums[k];
             e->filled = rows + 1;
             e->mask |= kinds[k];
+            e->nonfinite |= kinds[k] == T_FLOAT && !isfinite(nums[k]);
             e->last_tok = toks[k];
             e->last_len = tlens[k];
             e->last_num = nums[k];
@@ -732,7 +766,7 @@ static PyObject *scan_steps(PyObject *self, PyObject *texts) {
         if ((column != Py_None && PyList_SetSlice(column, rows, n, NULL) < 0) ||
             PyDict_SetItem(columns, e->key, column) < 0)
             goto done;
-        PyObject *mask = PyLong_FromLong(e->mask);
+        PyObject *mask = PyLong_FromLong(e->mask | (e->nonfinite ? T_NONFINITE : 0));
         if (mask == NULL || PyDict_SetItem(types, e->key, mask) < 0) {
             Py_XDECREF(mask);
             goto done;
@@ -862,6 +896,45 @@ static int any_nonfinite(const double *v, Py_ssize_t lo, Py_ssize_t hi) {
             return 1;
     }
     return 0;
+}
+
+/* first_nonfinite(columns, start, stop): the first row in [start, stop) where one of the float64
+ * columns (buffers, MISSING_BITS where no number; None: skipped) holds a number that is not finite,
+ * or -1. parse.py finds a batch's non-finite step records with it, steps.py the whole buckets before
+ * the first. */
+static PyObject *first_nonfinite(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cols;
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "O!nn", &PyList_Type, &cols, &start, &stop))
+        return NULL;
+    if (start < 0 || stop < start) {
+        PyErr_SetString(PyExc_ValueError, "first_nonfinite: 0 <= start <= stop");
+        return NULL;
+    }
+    Py_ssize_t first = -1;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(cols); k++) {
+        PyObject *col = PyList_GET_ITEM(cols, k);
+        if (col == Py_None)
+            continue;
+        Py_buffer buf;
+        if (PyObject_GetBuffer(col, &buf, PyBUF_SIMPLE) < 0)
+            return NULL;
+        if (buf.len / (Py_ssize_t)sizeof(double) < stop) {
+            PyBuffer_Release(&buf);
+            PyErr_SetString(PyExc_ValueError, "first_nonfinite: a column is shorter than the rows");
+            return NULL;
+        }
+        const double *v = (const double *)buf.buf;
+        for (Py_ssize_t r = start; r < (first < 0 ? stop : first); r++) {
+            if (any_nonfinite(v, r, r + 1)) {
+                first = r;
+                break;
+            }
+        }
+        PyBuffer_Release(&buf);
+    }
+    return PyLong_FromSsize_t(first);
 }
 
 /* Of rows [lo, lo + size) of v (finite numbers, or MISSING_BITS: none), how many hold a number, and
@@ -1815,6 +1888,20 @@ static PyObject *split_lines(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Nn)", out, p);
 }
 
+/* text_keys(keys): the keys (a frozenset of str) whose values decode_record keeps as text
+ * (schema.TEXT_KEYS); the scanners read a "NaN", "Infinity" or "-Infinity" value of any other key
+ * as decode_record's float. native.py gives them when it loads the module. */
+static PyObject *text_keys(PyObject *self, PyObject *keys) {
+    (void)self;
+    if (!PyFrozenSet_Check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "text_keys expects a frozenset of str");
+        return NULL;
+    }
+    Py_INCREF(keys);
+    Py_XSETREF(TEXT_KEYS, keys);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"bucket_columns", bucket_columns, METH_VARARGS,
      "bucket_columns(names, floats, steps, start, buckets, size) -> [nine columns or None per name] or None"},
@@ -1835,6 +1922,10 @@ static PyMethodDef methods[] = {
      "order_statistic(k, a, b) -> sorted(chain(a, b))[k] of floats, or None"},
     {"chunk_maxima", chunk_maxima, METH_VARARGS,
      "chunk_maxima(floats, lo, hi, chunk) -> [the largest float64 of each chunk of rows [lo, hi)]"},
+    {"first_nonfinite", first_nonfinite, METH_VARARGS,
+     "first_nonfinite(columns, start, stop) -> the first row with a number that is not finite, or -1"},
+    {"text_keys", text_keys, METH_O,
+     "text_keys(keys) -> None; the keys (a frozenset) whose \"NaN\" strings are text, not floats"},
     {"increasing", increasing, METH_O, "increasing(floats) -> whether the float64s increase strictly"},
     {"rows_in", rows_in, METH_VARARGS, "rows_in(floats, lo, hi) -> [the rows whose float64 is in [lo, hi]]"},
     {"rows_of_columns", rows_of_columns, METH_VARARGS,
