@@ -51,7 +51,7 @@ def records_at(records: Sequence[Any], positions: Sequence[int]) -> list[Any]:
 class _Rows:
     """What the records of one batch share: the columns, the shapes and the dicts made so far."""
 
-    __slots__ = ("build", "columns", "floats", "keys", "made", "rows", "starts")
+    __slots__ = ("build", "columns", "floats", "keys", "made", "rows", "starts", "views")
 
     def __init__(self, columns: dict[str, list[Any] | None], floats: dict[str, bytes],
                  shapes: list[tuple[int, tuple[str, ...]]], rows: int, build: Any) -> None:
@@ -62,6 +62,7 @@ class _Rows:
         self.rows = rows
         self.build = build  # the scanner's build_records(keys, columns, start, stop)
         self.made: list[dict | None] | None = None  # per row, once a record is read
+        self.views: dict[str, memoryview] = {}
 
     def one(self, r: int) -> dict:
         made = self.made
@@ -74,8 +75,16 @@ class _Rows:
             # (a column of floats not made yet gives this record its value alone: a batch's few
             # records read one by one, a spike's, do not make every column)
             rec = made[r] = dict(zip(keys, [col[r] if (col := columns[k]) is not None else
-                                            memoryview(self.floats[k]).cast("d")[r] for k in keys]))
+                                            self.view(k)[r] for k in keys]))
         return rec
+
+    def view(self, key: str) -> memoryview:
+        """The key's float64 column as a sequence of floats (made once: a diverged run's batch reads
+        thousands of records one by one)."""
+        got = self.views.get(key)
+        if got is None:
+            got = self.views[key] = memoryview(self.floats[key]).cast("d")
+        return got
 
     def column(self, key: str) -> list[Any]:
         return scanned_column(self.columns, self.floats, key)
@@ -84,7 +93,7 @@ class _Rows:
         """Rows ``[lo, hi)`` of the key's column; of a column of floats not made yet, only those
         rows' values are made (the column stays unmade)."""
         col = self.columns[key]
-        return col[lo:hi] if col is not None else memoryview(self.floats[key]).cast("d")[lo:hi].tolist()
+        return col[lo:hi] if col is not None else self.view(key)[lo:hi].tolist()
 
     def runs(self, start: int, stop: int) -> Iterator[tuple[int, int, tuple[str, ...]]]:
         """``(lo, hi, keys)``: rows ``[start, stop)`` cut where the shape changes."""
