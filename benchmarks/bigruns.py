@@ -18,6 +18,8 @@ start by start, and ``--warm-only`` leaves out the cold starts: two trees' warm 
 queries compared on one big index that is built once. ``--system-every K`` generates a log with a
 ``system`` record after every K-th step (``runlogs.generate_run_log``, in ``bigruns26/r<steps>-sys<K>``),
 as a real run's log holds them: a run whose steps take seconds has one every step or two.
+``--diverge-at K`` generates one whose every step from the K-th on is non-finite, as the writer
+logs a diverged run that goes on training (``bigruns26/r<steps>-div<K>``).
 ``--numbers writer`` generates one whose floats are written as gradmon's writer writes them (up to
 17 digits; ``bigruns26/r<steps>-writer``) rather than with a few fixed decimals.
 ``--gzip`` asks for compressed answers, as the page does. Each tree's modules are compiled once
@@ -181,18 +183,20 @@ def one_start(tree: str, logdir: str, name: str, steps: int, windows: list[int],
 def run(steps: int, prev: str | None, rounds: int, fetches: int, out_dir: str, log: Any = print,
         seed: int = 0, log_dir: str | None = None, other: str | None = None, other_log_dir: str | None = None,
         warm_only: bool = False, gzip_ok: bool = False, bytecode: bool = True,
-        system_every: int = 0, numbers: str = "fixed") -> dict[str, Any]:
+        system_every: int = 0, numbers: str = "fixed", diverge_at: int = 0) -> dict[str, Any]:
     """``rounds`` rounds of: previous tree (cold), [the other tree, warm,] this tree cold, this tree warm
     (``warm_only``: the warm starts alone). ``bytecode``: each tree's modules compiled once first
-    and used by every start (see :func:`_bytecode_env`). ``system_every``, ``numbers``: the
-    generated log's system records and floats (not with ``log_dir``: that log is served as it is)."""
+    and used by every start (see :func:`_bytecode_env`). ``system_every``, ``numbers``,
+    ``diverge_at``: the generated log's system records, floats and non-finite steps (not with
+    ``log_dir``: that log is served as it is)."""
     name = f"r{steps}"
     generated = name + (f"-sys{system_every}" if system_every else "")
     generated += "" if numbers == "fixed" else f"-{numbers}"
+    generated += f"-div{diverge_at}" if diverge_at else ""
     logdir = log_dir or os.path.join(out_dir, "bigruns26", generated)
     path = os.path.join(logdir, name, "metrics.jsonl")
     if log_dir is None:
-        gen = ensure_run_log(path, steps, system_every, numbers)
+        gen = ensure_run_log(path, steps, system_every, numbers, diverge_at)
     elif not os.path.isfile(path):
         raise FileNotFoundError(f"--log-dir: no {path}")
     else:
@@ -203,6 +207,7 @@ def run(steps: int, prev: str | None, rounds: int, fetches: int, out_dir: str, l
                            "generated": not gen["reused"], "rounds": rounds, "fetches": fetches,
                            "bytecode": bytecode, "system_every": None if log_dir else system_every,
                            "numbers": None if log_dir else numbers,
+                           "diverge_at": None if log_dir else diverge_at,
                            "gzip": gzip_ok, "starts": []}
     plan = [("prev", prev, True, logdir)] if prev and not warm_only else []
     if other:
@@ -248,12 +253,15 @@ if __name__ == "__main__":
                    help="generate the log with a system record after every K-th step")
     p.add_argument("--numbers", choices=NUMBERS, default="fixed",
                    help="generate the log with its floats written so (runlogs.py; default: fixed)")
+    p.add_argument("--diverge-at", type=int, default=0, metavar="K",
+                   help="generate the log with every step from the K-th on non-finite (a diverged run)")
     a = p.parse_args()
-    if (a.system_every or a.numbers != "fixed") and a.log_dir:
-        p.error("--system-every and --numbers generate a log; --log-dir serves one as it is")
+    if (a.system_every or a.numbers != "fixed" or a.diverge_at) and a.log_dir:
+        p.error("--system-every, --numbers and --diverge-at generate a log; --log-dir serves one as it is")
     os.makedirs(a.out_dir, exist_ok=True)
     result = run(a.steps, a.prev, a.rounds, a.fetches, a.out_dir,
                  lambda m: print(m, file=sys.stderr, flush=True), log_dir=a.log_dir, other=a.other,
                  other_log_dir=a.other_log_dir, warm_only=a.warm_only, gzip_ok=a.gzip,
-                 bytecode=not a.no_bytecode, system_every=a.system_every, numbers=a.numbers)
+                 bytecode=not a.no_bytecode, system_every=a.system_every, numbers=a.numbers,
+                 diverge_at=a.diverge_at)
     print(json.dumps(result, indent=1))

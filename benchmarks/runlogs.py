@@ -15,6 +15,12 @@ fixed decimals (``"loss":2.357221``). ``numbers="writer"`` writes them as gradmo
 (``writer_step_record``): the device's float32 values widened to doubles and the host's timings,
 each as Python's shortest repr, up to 17 digits (``"loss":2.3572208881378174``): fewer repeats and
 longer numbers for a reader to parse.
+
+``diverge_at=k`` (> 0): from step ``k`` on every step record is non-finite, as the writer logs a
+diverged run that goes on training (``"loss":"NaN"``, ``"grad_norm":"Infinity"``, flagged
+``nonfinite`` and ``skipped``): each such record is marked and judged one by one, and before
+stop 56 a batch holding one lost the compiled scanner's columns (~30 s for 150,000 of them where
+the previous release took 2.5 s).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ NONFINITE_EVERY = 100_000
 NUMBERS = ("fixed", "writer")  # how a log's floats are written (see the module docstring)
 BENCH_NUMBERS = "bench_numbers"  # the header's config key: NUMBERS' name, when not "fixed"
 BENCH_SYSTEM_EVERY = "bench_system_every"  # the header's config key: a system record every k steps
+BENCH_DIVERGE_AT = "bench_diverge_at"  # the header's config key: every step non-finite from this one
 
 
 def loss_at(step: int) -> float:
@@ -167,16 +174,24 @@ def _writer_line(step: int, ts: float) -> str:
     return _WRITER_TEMPLATE.format(**writer_step_record(step, ts))
 
 
+def _diverged(line: str) -> str:
+    """A step record's line made non-finite, as the writer writes a diverged run's steps."""
+    rec = decode_line(line)
+    rec.update(loss=math.nan, grad_norm=math.inf, nonfinite=True, skipped=True)
+    return encode_record(rec)
+
+
 def generate_run_log(path: str, n_steps: int, *, t0: float = 1.7e9, end: bool = True,
-                     system_every: int = 0, numbers: str = "fixed") -> dict[str, Any]:
+                     system_every: int = 0, numbers: str = "fixed", diverge_at: int = 0) -> dict[str, Any]:
     """Write a run log of ``n_steps`` steps to ``path`` (atomically: ``path.tmp`` first); with
     ``end=False`` it has no ``end`` record, like a run still training; with ``system_every=k``
     (> 0) a ``system`` record after every k-th step; ``numbers``: how its floats are written (one
-    of ``NUMBERS``; the header's ``config`` says both).
+    of ``NUMBERS``); ``diverge_at=k`` (> 0): every step from the k-th on non-finite (the header's
+    ``config`` says all three).
 
     Returns ``{"records", "bytes", "seconds"}``."""
-    if system_every < 0:
-        raise ValueError(f"system_every must be >= 0, got {system_every}")
+    if system_every < 0 or diverge_at < 0:
+        raise ValueError(f"system_every and diverge_at must be >= 0, got {system_every} and {diverge_at}")
     if numbers not in NUMBERS:
         raise ValueError(f"numbers must be one of {NUMBERS}, got {numbers!r}")
     step_line = _fast_line if numbers == "fixed" else _writer_line
@@ -187,6 +202,8 @@ def generate_run_log(path: str, n_steps: int, *, t0: float = 1.7e9, end: bool = 
             assert encode_record(a) == step_line(s, t0 + s * 0.01), a  # (what the writer writes)
         sys_rec = decode_line(_system_line(s, t0 + s * 0.01))
         assert sys_rec == system_record(s, round(t0 + s * 0.01, 3)), sys_rec
+        bad = decode_line(_diverged(step_line(s, t0 + s * 0.01)))
+        assert math.isnan(bad["loss"]) and bad["grad_norm"] == math.inf and bad["nonfinite"] is True, bad
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".tmp"
     started = time.perf_counter()
@@ -195,11 +212,14 @@ def generate_run_log(path: str, n_steps: int, *, t0: float = 1.7e9, end: bool = 
         config: dict[str, Any] = {BENCH_SYSTEM_EVERY: system_every} if system_every else {}
         if numbers != "fixed":
             config[BENCH_NUMBERS] = numbers
+        if diverge_at:
+            config[BENCH_DIVERGE_AT] = diverge_at
         f.write(encode_record(header(config=config)))
         chunk: list[str] = []
         for s in range(1, n_steps + 1):
             ts = t0 + s * 0.01
-            chunk.append(step_line(s, ts))
+            line = step_line(s, ts)
+            chunk.append(line if not diverge_at or s < diverge_at else _diverged(line))
             if system_every and s % system_every == 0:
                 chunk.append(_system_line(s, ts))
             if s % SPIKE_EVERY == 0:
@@ -231,9 +251,10 @@ def generate_run_log(path: str, n_steps: int, *, t0: float = 1.7e9, end: bool = 
     return {"records": records, "bytes": os.path.getsize(path), "seconds": time.perf_counter() - started}
 
 
-def ensure_run_log(path: str, n_steps: int, system_every: int = 0, numbers: str = "fixed") -> dict[str, Any]:
+def ensure_run_log(path: str, n_steps: int, system_every: int = 0, numbers: str = "fixed",
+                   diverge_at: int = 0) -> dict[str, Any]:
     """Reuse ``path`` if it is complete (ends with an ``end`` record of ``n_steps``) and its header
-    says it has ``system_every``'s records and ``numbers``' floats, else generate it."""
+    says it has ``system_every``'s records, ``numbers``' floats and ``diverge_at``, else generate it."""
     if os.path.exists(path):
         try:
             with open(path, "rb") as f:
@@ -243,10 +264,11 @@ def ensure_run_log(path: str, n_steps: int, system_every: int = 0, numbers: str 
             rec = decode_line(last)
             if rec.get("type") == "end" and rec.get("steps") == n_steps \
                     and first.get("config", {}).get(BENCH_SYSTEM_EVERY, 0) == system_every \
-                    and first.get("config", {}).get(BENCH_NUMBERS, "fixed") == numbers:
+                    and first.get("config", {}).get(BENCH_NUMBERS, "fixed") == numbers \
+                    and first.get("config", {}).get(BENCH_DIVERGE_AT, 0) == diverge_at:
                 return {"reused": True, "bytes": os.path.getsize(path)}
         except Exception:  # unreadable or partial: generate again
             pass
-    info = generate_run_log(path, n_steps, system_every=system_every, numbers=numbers)
+    info = generate_run_log(path, n_steps, system_every=system_every, numbers=numbers, diverge_at=diverge_at)
     info["reused"] = False
     return info

@@ -132,6 +132,26 @@ def test_generated_run_log_with_the_writer_s_numbers(tmp_path):
         generate_run_log(path, 10, numbers="short")
 
 
+def test_generated_run_log_of_a_diverged_run(tmp_path):
+    from benchmarks.runlogs import ensure_run_log
+
+    path = str(tmp_path / "r" / "metrics.jsonl")
+    generate_run_log(path, 3_000, diverge_at=2_001, numbers="writer")
+    records = list(read_records(path))
+    assert records[0]["config"] == {"bench_numbers": "writer", "bench_diverge_at": 2_001}
+    steps = [r for r in records if r["type"] == "step"]
+    bad = [r["step"] for r in steps if r.get("nonfinite")]
+    assert bad == list(range(2_001, 3_001)) and all(math.isnan(r["loss"]) for r in steps[2_000:])
+    assert all(math.isfinite(r["loss"]) for r in steps[:2_000])
+    with open(path, encoding="utf-8") as f:  # (as the writer writes them: strict JSON, "NaN" strings)
+        line = f.readlines()[2_500]
+    assert '"loss":"NaN"' in line and encode_record(json.loads(line)) == line
+    assert ensure_run_log(path, 3_000, numbers="writer", diverge_at=2_001)["reused"]
+    assert not ensure_run_log(path, 3_000, numbers="writer")["reused"]
+    with pytest.raises(ValueError):
+        generate_run_log(path, 10, diverge_at=-1)
+
+
 def _numbers_in(d):
     if isinstance(d, bool):
         return
