@@ -206,8 +206,11 @@ class BatchAlarmRule(AlarmRule):
 
     def _one_by_one(self, records: Sequence[dict[str, Any]], lo: int, hi: int,
                     out: list[tuple[int, dict[str, Any]]]) -> None:
-        # (a slice: the scanner's records made at once; one record, the common call, by its index)
-        for i, record in enumerate(records[lo:hi] if hi - lo > 1 else [records[lo]] if hi > lo else [], lo):
+        if hi - lo == 1:  # (the common call, a flagged record: by its index, not a one-record slice)
+            part: Sequence[dict[str, Any]] = [records[lo]]
+        else:
+            part = records[lo:hi]  # (a slice: the scanner's records made at once)
+        for i, record in enumerate(part, lo):
             out.extend((i, e) for e in self.update(record))
 
     def _plain(self, records: Sequence[dict[str, Any]], steps: list[int], columns: _Columns, lo: int, hi: int,
