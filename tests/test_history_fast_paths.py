@@ -235,6 +235,8 @@ def test_a_history_answer_is_the_same_with_orjson_or_without(tmp_path, monkeypat
         assert 501 in fast["series"]["loss"]["step"], span  # (the NaN point: exact, or added by its mark)
         assert fast["series"]["loss"]["value"][fast["series"]["loss"]["step"].index(501)] == "NaN", span
         assert fast["system"]["cpu_percent"]["step"] and fast["eval"]["eval_loss"]["step"], span
+        # (the marks, by orjson too: non-finite values named, as the stdlib's strict encoding names them)
+        assert {m["value"] for m in fast["marks"] if m["step"] == 501} == {"NaN", "Infinity"}, span
         if span != (400, 600):
             cpu = fast["system"]["cpu_percent"]
             assert cpu["value"][cpu["step"].index(1501)] == "NaN", span

@@ -29,6 +29,7 @@ __all__ = [
     "decode_line",
     "decode_record",
     "encode_record",
+    "nonfinite_name",
     "to_jsonable",
     "validate_record",
 ]
@@ -41,7 +42,8 @@ class RecordError(ValueError):
     """A line that is not a valid run-log record."""
 
 
-def _nonfinite_name(x: float) -> str:
+def nonfinite_name(x: float) -> str:
+    """A non-finite float's name in strict JSON (``NONFINITE_STRINGS``' keys)."""
     if math.isnan(x):
         return "NaN"
     return "Infinity" if x > 0 else "-Infinity"
@@ -58,7 +60,7 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, int):
         return value
     if isinstance(value, float):
-        return value if math.isfinite(value) else _nonfinite_name(value)
+        return value if math.isfinite(value) else nonfinite_name(value)
     if isinstance(value, Mapping):
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)) and set(map(type, value)) <= _PLAIN_NUMBERS:

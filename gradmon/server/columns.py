@@ -221,7 +221,9 @@ def _downsampled_rows(steps: list[int], values: array, keep: set[int], exact: bo
         return _downsampled(steps, values.tolist(), keep, exact, points)
     if keep:
         n = len(values)
-        idx = sorted(set(idx).union(k for k in keep if 0 <= k < n))
+        # (every row flagged: a diverged run's stretch; the flags' rows are the selection's, in range)
+        inside = keep if min(keep) >= 0 and max(keep) < n else {k for k in keep if 0 <= k < n}
+        idx = sorted(inside.union(idx))
     return list(map(steps.__getitem__, idx)), list(map(values.__getitem__, idx))
 
 

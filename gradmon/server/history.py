@@ -19,7 +19,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from gradmon.logformat.jsonl import to_jsonable
+from gradmon.logformat.jsonl import nonfinite_name
 from gradmon.server.columns import MISSING, series_from_columns
 from gradmon.server.index import IndexSnapshot
 from gradmon.server.jsontext import finite_json, json_body
@@ -156,7 +156,7 @@ def _plain_values(marks: list[dict]) -> list[dict]:
     for m in marks:
         v = m["value"]
         if isinstance(v, float) and not math.isfinite(v):
-            m["value"] = to_jsonable(v)
+            m["value"] = nonfinite_name(v)
     return marks
 
 
@@ -172,7 +172,7 @@ def _finite_numbers(values: list[float]) -> list | None:
         return None
     if not set(map(type, values)) <= {int, float}:
         return None
-    return [x if x - x == 0 else to_jsonable(x) for x in values]
+    return [x if x - x == 0 else nonfinite_name(x) for x in values]
 
 
 def _points_json(points: dict[str, dict[str, list]]) -> tuple[dict[str, dict[str, list]], bytes | None]:
@@ -211,7 +211,7 @@ def answer(job: HistoryJob) -> tuple[bytes, bool]:
         "eval": None,  # these three: encoded below
         "system": None,
         "layers": idx.layers,
-        "marks": _plain_values(idx.marks_in(lo, hi)),
+        "marks": None,  # encoded below
         "events": None,  # encoded already: json_body places them
         "headers": idx.headers,
         "latest_segment": idx.latest_segment(),
@@ -221,7 +221,9 @@ def answer(job: HistoryJob) -> tuple[bytes, bool]:
         "series": None,
     }
     encoded: dict[str, list[bytes] | bytes] = {"events": idx.encoded_events_in(lo, hi)}
-    for key, (plain, fast) in (("eval", _points_json(idx.eval_in(lo, hi))),
+    marks = _plain_values(idx.marks_in(lo, hi))  # (no NaN left in them: by orjson when installed)
+    for key, (plain, fast) in (("marks", (marks, finite_json(marks))),
+                               ("eval", _points_json(idx.eval_in(lo, hi))),
                                ("system", _points_json(idx.system_in(lo, hi, opts.points))),
                                ("series", _series_json(series))):
         if fast is not None:
