@@ -419,6 +419,17 @@ def test_bigruns_serves_a_log_with_system_records(tmp_path):
         assert s["cursor_is_the_file"] and s["system_points"] == 4 * 1_500
 
 
+def test_bigruns_serves_a_diverged_run_s_log(tmp_path):
+    from benchmarks.bigruns import run
+
+    out = run(3_000, None, rounds=1, fetches=1, out_dir=str(tmp_path), log=lambda m: None, numbers="writer",
+              diverge_at=2_001)
+    assert out["diverge_at"] == 2_001
+    assert os.path.isfile(tmp_path / "bigruns26" / "r3000-writer-div2001" / "r3000" / "metrics.jsonl")
+    assert [s["cold"] for s in out["starts"]] == [True, False]
+    assert all(s["cursor_is_the_file"] for s in out["starts"])  # (indexed to its end, cold and warm)
+
+
 def test_tensorboard_beside_the_page_is_skipped_saying_why(tmp_path):
     from benchmarks.page_section import tensorboard_unavailable_reason
     from benchmarks.tb_events import _number
