@@ -32,7 +32,7 @@ from operator import eq, itemgetter, ne
 from typing import Any
 
 from gradmon.logformat.schema import INT_MAX, INT_MIN, NOT_SERIES
-from gradmon.logformat.values import FAST_TYPES, finite, number
+from gradmon.logformat.values import finite, number, plain_floats
 from gradmon.server.derived import DerivedAlarms
 from gradmon.server.jsontext import dumps
 from gradmon.server.parse import KeyColumns, ParsedLines, parse_lines
@@ -271,7 +271,10 @@ class RunIndex:
         for name in cols.key_set():  # (any order: add_columns makes new fields in the records' order)
             if name not in NOT_SERIES:
                 values = cols.values(name)
-                columns[name] = values if cols.types(name) == _FLOAT else _numbers(values, cols.types(name))
+                if cols.types(name) != _FLOAT:  # (ints read in C when every value is a plain number)
+                    got = plain_floats(values, finite_only=False)
+                    values = got if got is not None else list(map(number, values))
+                columns[name] = values
         self.system.add_columns(cols.values("step"), columns, recs, self.segments.current)
 
     def _add_system(self, rec: dict) -> None:
@@ -408,17 +411,6 @@ class IndexSnapshot:
         first, last = self.latest_span if self.latest_span is not None else (None, None)
         return {"first_step": first, "last_step": last}
 
-
-
-def _numbers(values: list[Any], types: set[type]) -> list[float | None]:
-    """``values.number`` of each of ``values`` (whose types are ``types``): in C where every one is
-    a plain int or float (``float`` reads them alike; an int too big for a float aside)."""
-    if types <= FAST_TYPES:
-        try:
-            return list(map(float, values))
-        except OverflowError:
-            pass
-    return list(map(number, values))
 
 
 def _system_step(step: Any) -> bool:
